@@ -1,0 +1,37 @@
+# One-command setup for a fresh Debian/Ubuntu machine with Python 3.11.
+#   make setup   create .venv and install everything (a quick no-op when nothing changed)
+#   make test    setup, then the whole test suite
+#   make demo    setup, then the main job on the embedded default model and the demo bag
+# On a robot with a system ROS 2, build with colcon instead (README); this Makefile then reuses
+# the system rclpy and never pip-installs ROS.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# Re-stated on every pip call: without it a dependency could pull a multi-GB CUDA torch.
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+TORCH  := torch==2.13.0
+
+.PHONY: setup test demo clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-ros.txt setup.py setup.cfg
+	@if $(PYTHON) -c 'import rclpy' 2>/dev/null; then \
+		echo "system rclpy found: venv shares it"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else $(PYTHON) -m venv $(VENV); fi
+	$(PIP) -r requirements.txt $(TORCH)
+	@if $(PY) -c 'import rclpy' 2>/dev/null; then echo "rclpy importable: no ROS wheels needed"; \
+	else echo "no rclpy: installing ROS 2 Kilted wheels"; $(PIP) -r requirements-ros.txt $(TORCH); fi
+	$(PIP) --no-deps --no-build-isolation -e .
+	@touch $@
+
+test: setup
+	$(PY) -m pytest
+
+demo: setup
+	@echo "demo: the node is not built yet; running the DDS image round trip instead"
+	$(PY) -m pytest -q test/test_dds_image.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,78 @@
+"""package.xml, setup.py and the files on disk agree: what colcon installs is what exists."""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import setuptools
+
+
+def setup_call_keywords(repo_root: Path) -> dict[str, ast.expr]:
+    tree = ast.parse((repo_root / "setup.py").read_text())
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup"]
+    assert len(calls) == 1
+    return {kw.arg: kw.value for kw in calls[0].keywords}
+
+
+def setup_kwargs(repo_root: Path, monkeypatch) -> dict:
+    """Run setup.py as colcon would, but capture the arguments instead of building."""
+    captured: dict = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+    monkeypatch.chdir(repo_root)
+    runpy.run_path(str(repo_root / "setup.py"), run_name="__main__")
+    return captured
+
+
+def test_package_xml_is_format_3_ament_python(repo_root):
+    root = ET.parse(repo_root / "package.xml").getroot()
+    assert root.tag == "package" and root.get("format") == "3"
+    assert root.findtext("name") == "infmllm_ros"
+    assert root.find("export/build_type").text == "ament_python"
+    exec_depends = {element.text for element in root.findall("exec_depend")}
+    assert {"rclpy", "sensor_msgs", "std_msgs", "cv_bridge", "python3-opencv", "python3-numpy"} <= exec_depends
+    assert root.findall("test_depend"), "ROS packages list their test dependencies"
+    assert root.findtext("license") and root.find("maintainer").get("email")
+
+
+def test_setup_py_version_and_name_match_package_xml(repo_root):
+    root = ET.parse(repo_root / "package.xml").getroot()
+    keywords = setup_call_keywords(repo_root)
+    assert ast.literal_eval(keywords["version"]) == root.findtext("version")
+    assert (repo_root / "resource" / root.findtext("name")).is_file(), "ament index marker"
+
+
+def test_setup_cfg_puts_scripts_where_ros2_run_looks(repo_root):
+    text = (repo_root / "setup.cfg").read_text()
+    assert "script_dir=$base/lib/infmllm_ros" in text
+    assert "install_scripts=$base/lib/infmllm_ros" in text
+
+
+def test_installed_share_files_exist(repo_root, monkeypatch):
+    """Every data file setup.py names exists, and launch/config are installed under share/."""
+    captured = setup_kwargs(repo_root, monkeypatch)
+    destinations = dict(captured["data_files"])
+    assert destinations["share/ament_index/resource_index/packages"] == ["resource/infmllm_ros"]
+    assert destinations["share/infmllm_ros"] == ["package.xml"]
+    for destination, files in captured["data_files"]:
+        for name in files:
+            assert (repo_root / name).is_file(), f"{name} (for {destination}) is missing"
+    assert "config/fastdds_shm.xml" in destinations["share/infmllm_ros/config"]
+    assert "infmllm_ros.kernels" in captured["packages"]
+    assert "kernels" not in captured["packages"]
+    for script in captured["entry_points"]["console_scripts"]:
+        name, target = (part.strip() for part in script.split("="))
+        module, _, function = target.partition(":")
+        imported = __import__(module, fromlist=[function])
+        assert callable(getattr(imported, function)), f"{name} -> {target} is not callable"
+
+
+def test_kernels_import_inside_package_namespace():
+    import infmllm_ros.kernels
+    assert Path(infmllm_ros.kernels.__file__).parent.name == "kernels"
+    with pytest.raises(ModuleNotFoundError):
+        __import__("kernels")
