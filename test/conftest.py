@@ -30,3 +30,11 @@ def ros_environ(monkeypatch) -> dict[str, str]:
         for key, value in isolated_ros_environ(domain_id).items():
             monkeypatch.setenv(key, value)
         yield dict(os.environ)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One saved random-weight model directory per supported family."""
+    from infmllm_ros.testing.tiny_models import FAMILIES, save
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {family: save(family, root / family) for family in FAMILIES}

@@ -1,0 +1,148 @@
+"""A transformers `Cache` whose layers stay within a policy's budget.
+
+Each layer owns its keys, values and, per KV head, what the policies and the re-indexing need:
+the accumulated attention mass of every key, its current (3-axis) position and the segment it
+moves with. The model only sees the standard Cache interface; eviction runs between forwards
+(never inside `update()`), driven by the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from .policies import CachePolicy
+from .rope import packed_positions, shift_rotated_keys
+
+
+@dataclass
+class ChunkLayout:
+    """Where the tokens of the next forward sit: positions (n, 3), segment ids (n,) and, set by the
+    cache, their index in the whole stream (n,)."""
+
+    positions: torch.Tensor
+    segments: torch.Tensor
+    token_index: torch.Tensor | None = None
+
+
+class BoundedLayer(DynamicLayer):
+    """One layer's KV tensors (batch 1) plus per-key bookkeeping, all evicted together."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_mass: torch.Tensor | None = None   # (kv_heads, L) float32
+        self.positions: torch.Tensor | None = None        # (kv_heads, L, 3) long
+        self.segments: torch.Tensor | None = None         # (kv_heads, L) long
+        self.token_index: torch.Tensor | None = None      # (kv_heads, L) long: n-th token of the stream
+        self.pending: ChunkLayout | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if key_states.shape[0] != 1:
+            raise ValueError("a streaming cache holds one stream (batch size 1)")
+        if self.pending is None or self.pending.segments.numel() != key_states.shape[-2]:
+            raise RuntimeError("BoundedCache.expect(layout) must describe every forward's new tokens")
+        heads = key_states.shape[1]
+        layout, self.pending = self.pending, None
+        new_positions = layout.positions.to(key_states.device).expand(heads, -1, -1)
+        new_segments = layout.segments.to(key_states.device).expand(heads, -1)
+        new_index = layout.token_index.to(key_states.device).expand(heads, -1)
+        new_mass = torch.zeros(heads, key_states.shape[-2], dtype=torch.float32, device=key_states.device)
+        if self.positions is None:
+            self.positions, self.segments, self.attention_mass = new_positions.clone(), new_segments.clone(), new_mass
+            self.token_index = new_index.clone()
+        else:
+            self.positions = torch.cat([self.positions, new_positions], dim=1)
+            self.segments = torch.cat([self.segments, new_segments], dim=1)
+            self.attention_mass = torch.cat([self.attention_mass, new_mass], dim=1)
+            self.token_index = torch.cat([self.token_index, new_index], dim=1)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    @property
+    def length(self) -> int:
+        return self.get_seq_length()
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep the slots `indices` (kv_heads, n), per head, in order."""
+        indices = indices.to(self.keys.device)
+        gather4 = indices[None, :, :, None].expand(1, -1, -1, self.keys.shape[-1])
+        self.keys = self.keys.gather(2, gather4)
+        self.values = self.values.gather(2, indices[None, :, :, None].expand(1, -1, -1, self.values.shape[-1]))
+        self.attention_mass = self.attention_mass.gather(1, indices)
+        self.segments = self.segments.gather(1, indices)
+        self.token_index = self.token_index.gather(1, indices)
+        self.positions = self.positions.gather(1, indices[:, :, None].expand(-1, -1, 3))
+
+    def move_to(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+        """Give the cached tokens new positions, re-rotating their keys exactly."""
+        shift = (positions[..., 0] - self.positions[..., 0])[None]
+        self.keys = shift_rotated_keys(self.keys, shift, inv_freq)
+        self.positions = positions
+
+    def nbytes(self) -> int:
+        tensors = (self.keys, self.values, self.attention_mass, self.positions, self.segments, self.token_index)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class BoundedCache(Cache):
+    """All layers of one stream under one policy.
+
+    All layers always hold the same number of tokens (per KV head): transformers builds one mask
+    from layer 0's size for every layer, and the policies keep exactly `budget` tokens.
+    """
+
+    def __init__(self, num_layers: int, policy: CachePolicy, inv_freq: torch.Tensor) -> None:
+        super().__init__(layers=[BoundedLayer() for _ in range(num_layers)])
+        self.policy = policy
+        self.inv_freq = inv_freq
+        self.next_position = 0
+        self.tokens_seen = 0
+        self.evictions = 0
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def expect(self, layout: ChunkLayout) -> None:
+        """Announce the positions/segments of the tokens the next forward appends."""
+        count = layout.segments.numel()
+        layout.token_index = torch.arange(self.tokens_seen, self.tokens_seen + count)
+        self.tokens_seen += count
+        for layer in self.layers:
+            layer.pending = layout
+
+    def add_attention_mass(self, layer_idx: int, mass: torch.Tensor) -> None:
+        """Fold one forward's per-key attention mass (kv_heads, L) into a layer's running score."""
+        layer = self.layers[layer_idx]
+        layer.attention_mass = self.policy.fold_mass(layer.attention_mass, mass.to(layer.attention_mass))
+
+    def make_room(self, incoming: int) -> bool:
+        """Evict back to the budget if `incoming` more tokens would pass budget + chunk."""
+        if self.length == 0 or not self.policy.must_evict(self.length, incoming):
+            return False
+        if incoming > self.policy.chunk:
+            raise ValueError(f"a forward of {incoming} tokens exceeds the eviction chunk ({self.policy.chunk})")
+        for layer in self.layers:
+            keep = self.policy.keep_indices(layer.attention_mass, layer.length, layer.keys.shape[1])
+            layer.keep(keep)
+            layer.attention_mass = self.policy.after_eviction(layer.attention_mass)
+        self._reindex()
+        self.evictions += 1
+        return True
+
+    def _reindex(self) -> None:
+        """StreamingLLM-style positions: pack each head's tokens, align all heads on the newest.
+
+        RoPE attention depends only on query-key distances, so aligning every head's newest token
+        just below one shared `next_position` keeps the same distances a compact packing gives,
+        while letting new queries use a single position for all heads and layers.
+        """
+        packed = [packed_positions(layer.positions, layer.segments) for layer in self.layers]
+        self.next_position = int(max(span.max() for _, span in packed))
+        for layer, (positions, span) in zip(self.layers, packed):
+            aligned = positions + (self.next_position - span)[:, None, None]
+            layer.move_to(aligned, self.inv_freq)
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)

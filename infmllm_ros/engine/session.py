@@ -1,0 +1,200 @@
+"""A streaming conversation with an MLLM over a camera: frames in, answers out, bounded memory.
+
+Frames and questions are appended to one KV cache as they arrive; answers are decoded greedily on
+top of it and stay in it, so a later question sees earlier frames, questions and answers without
+recomputing any history. The session drives every forward itself (no `generate()`), which is what
+lets it evict between forwards and assign positions inside the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Generator, Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .adapters import PromptFormat, positions_for
+from .attention import SCORING_ATTENTION, collecting_attention_mass
+from .cache import BoundedCache
+from .loading import load_model_and_processor, resolve_model_path
+from .policies import make_policy
+
+
+@dataclass
+class SessionConfig:
+    """Every knob of a session; the node's parameters map one to one onto these names."""
+
+    model_path: str | None = None      # None: the embedded tiny model
+    device: str = "cpu"
+    dtype: str = "float32"
+    cache_policy: str = "infmllm"
+    cache_budget: int = 1024           # tokens per layer after an eviction
+    recent_window: int = 256           # newest tokens always kept (infmllm, h2o)
+    eviction_chunk: int = 64           # cache may exceed the budget by this much before evicting
+    sink_tokens: int = 4               # first tokens always kept (streaming, infmllm)
+    attention_bias: float = 0.2        # infmllm: share of saddle evidence forgotten per eviction
+    max_new_tokens: int = 16
+
+    def policy_settings(self) -> dict:
+        settings = dict(budget=self.cache_budget, chunk=self.eviction_chunk)
+        if self.cache_policy in ("infmllm", "h2o"):
+            settings["recent"] = self.recent_window
+        if self.cache_policy in ("infmllm", "streaming"):
+            settings["sink"] = self.sink_tokens
+        if self.cache_policy == "infmllm":
+            settings["attention_bias"] = self.attention_bias
+        return settings
+
+
+@dataclass
+class Answer:
+    text: str
+    tokens: int
+    ttft_s: float
+    total_s: float
+    frames_seen: int
+    newest_frame_stamp: float | None
+    cache_tokens: int
+
+
+@dataclass
+class StepTiming:
+    """What one append cost, for stats and benchmarks."""
+
+    tokens: int
+    seconds: float
+    evicted: bool = False
+
+
+class StreamingSession:
+    """One camera stream and its conversation. Not thread-safe: one thread should own it."""
+
+    def __init__(self, config: SessionConfig | None = None, model=None, processor=None) -> None:
+        self.config = config or SessionConfig()
+        self.policy = make_policy(self.config.cache_policy, **self.config.policy_settings())
+        attention = SCORING_ATTENTION if self.policy.needs_attention_mass else "sdpa"
+        model_dir = resolve_model_path(self.config.model_path)
+        if model is None:
+            model, processor = load_model_and_processor(model_dir, self.config.device, self.config.dtype, attention)
+        else:
+            model.set_attn_implementation({"text_config": attention, "vision_config": "sdpa"})
+        self.model, self.processor = model, processor
+        self.device = next(model.parameters()).device
+        self.family = model.config.model_type
+        self.prompt = PromptFormat.for_model(model_dir, self.family)
+        self.positions = positions_for(model)
+        self.tokenizer = processor.tokenizer
+        self.stop_ids = {self.tokenizer.eos_token_id} - {None}
+        self.frames_seen = 0
+        self.newest_frame_stamp: float | None = None
+        self.last_answer: Answer | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the stream: an empty cache, positions from zero."""
+        text_model = self.model.get_decoder()
+        self.cache = BoundedCache(self.model.config.get_text_config().num_hidden_layers, self.policy,
+                                  text_model.rotary_emb.inv_freq.detach().clone())
+        self._segment = 0
+        self.frames_seen = 0
+        self.newest_frame_stamp = None
+
+    # ---- appending -------------------------------------------------------------------------
+
+    def add_frame(self, rgb: np.ndarray, stamp: float | None = None) -> StepTiming:
+        """Append one camera frame (H x W x 3 uint8 RGB)."""
+        if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+            raise ValueError("a frame must be an H x W x 3 uint8 RGB array")
+        start = time.perf_counter()
+        inputs = self.processor(text=self.prompt.frame, images=[Image.fromarray(rgb)], return_tensors="pt")
+        count = inputs["input_ids"].shape[-1]
+        if count > self.policy.chunk and self.policy.name != "full":
+            raise ValueError(f"one frame is {count} tokens, more than the eviction chunk ({self.policy.chunk}); "
+                             "raise eviction_chunk or lower the image resolution")
+        evicted = self._forward(inputs)[1]
+        self.frames_seen += 1
+        self.newest_frame_stamp = stamp
+        return StepTiming(tokens=count, seconds=time.perf_counter() - start, evicted=evicted)
+
+    def add_text(self, text: str) -> torch.Tensor:
+        """Append text (in pieces of at most one chunk); returns the logits after its last token."""
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        if ids.shape[-1] == 0:
+            raise ValueError("empty text")
+        logits = None
+        for piece in ids.split(self.policy.chunk, dim=-1):
+            logits, _ = self._forward({"input_ids": piece})
+        return logits
+
+    def _forward(self, inputs: dict) -> tuple[torch.Tensor, bool]:
+        count = inputs["input_ids"].shape[-1]
+        evicted = self.cache.make_room(count)
+        layout, position_ids = self.positions.layout(inputs, self.cache.next_position, self._segment)
+        self._segment = int(layout.segments.max()) + 1
+        self.cache.expect(layout)
+        model_inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
+        with torch.inference_mode(), collecting_attention_mass(self.cache):
+            output = self.model(**model_inputs, position_ids=position_ids.to(self.device), cache=self.cache,
+                                use_cache=True, logits_to_keep=1)
+        self.cache.next_position = int(position_ids.max()) + 1
+        return output.logits[0, -1], evicted
+
+    # ---- asking ----------------------------------------------------------------------------
+
+    def stream(self, question: str, max_new_tokens: int | None = None) -> Generator[str, None, Answer]:
+        """Yield the answer's text piece by piece; the generator's return value is the Answer.
+
+        Every generated token, the stop token included, is appended to the cache so the next
+        round sees the whole exchange.
+        """
+        if not question or not question.strip():
+            raise ValueError("empty question")
+        limit = max_new_tokens or self.config.max_new_tokens
+        started = time.perf_counter()
+        logits = self.add_text(self.prompt.question.format(question=question.strip()))
+        generated: list[int] = []
+        text, ttft = "", None
+        for _ in range(limit):
+            token = int(torch.argmax(logits))
+            ttft = ttft if ttft is not None else time.perf_counter() - started
+            generated.append(token)
+            logits = self._forward({"input_ids": torch.tensor([[token]])})[0]
+            if token in self.stop_ids:
+                break
+            full = self.tokenizer.decode(generated, skip_special_tokens=True)
+            stop_at = min((full.find(s) for s in self.prompt.stop if s in full), default=-1)
+            visible = full if stop_at < 0 else full[:stop_at]
+            if len(visible) > len(text):
+                yield visible[len(text):]
+                text = visible
+            if stop_at >= 0:
+                break
+        answer = Answer(text=text.strip(), tokens=len(generated), ttft_s=ttft or 0.0,
+                        total_s=time.perf_counter() - started, frames_seen=self.frames_seen,
+                        newest_frame_stamp=self.newest_frame_stamp, cache_tokens=self.cache.length)
+        self.last_answer = answer
+        return answer
+
+    def ask(self, question: str, max_new_tokens: int | None = None) -> Answer:
+        """Answer a question about everything streamed so far."""
+        pieces = self.stream(question, max_new_tokens)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
+
+    def tokens(self, question: str, max_new_tokens: int | None = None) -> Iterator[str]:
+        """Just the text pieces of an answer (the Answer lands in `last_answer`)."""
+        yield from self.stream(question, max_new_tokens)
+
+    @property
+    def cache_tokens(self) -> int:
+        return self.cache.length
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes()

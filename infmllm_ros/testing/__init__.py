@@ -1,0 +1,1 @@
+"""Helpers shared by the tests and the quick benchmark (no test framework imports here)."""
