@@ -11,10 +11,11 @@ PY     := $(VENV)/bin/python
 # Re-stated on every pip call: without it a dependency could pull a multi-GB CUDA torch.
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH  := torch==2.13.0
+DEMO_BAG := data/demo_bag
 
 .PHONY: setup test demo clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(DEMO_BAG)/params.json
 
 $(VENV)/.installed: requirements.txt requirements-ros.txt setup.py setup.cfg
 	@if $(PYTHON) -c 'import rclpy' 2>/dev/null; then \
@@ -26,12 +27,17 @@ $(VENV)/.installed: requirements.txt requirements-ros.txt setup.py setup.cfg
 	$(PIP) --no-deps --no-build-isolation -e .
 	@touch $@
 
+# The demo rosbag (150 s of 10 Hz JPEG camera + timed questions, ~34 MB) is generated, not
+# committed: deterministic from its seed, rebuilt only when the world's code changes.
+$(DEMO_BAG)/params.json: $(VENV)/.installed $(wildcard infmllm_ros/synthetic/*.py)
+	$(PY) -m infmllm_ros.synthetic.demo_bag --out $(DEMO_BAG) --force
+
 test: setup
-	$(PY) -m pytest
+	$(VENV)/bin/pytest
 
 demo: setup
 	@echo "demo: the node is not built yet; running the DDS image round trip instead"
-	$(PY) -m pytest -q test/test_dds_image.py
+	$(VENV)/bin/pytest -q test/test_dds_image.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

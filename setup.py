@@ -29,6 +29,11 @@ setup(
     description="ROS 2 multimodal-LLM perception node with a bounded Inf-MLLM KV cache",
     license="Apache-2.0",
     entry_points={
-        "console_scripts": [],
+        "console_scripts": [
+            "infmllm-bench = infmllm_ros.benchmarks.cli:main",
+            "infmllm-eval = infmllm_ros.evaluation:main",
+            "infmllm-train-tiny = infmllm_ros.tiny_model.train:main",
+            "infmllm-make-demo-bag = infmllm_ros.synthetic.demo_bag:main",
+        ],
     },
 )

@@ -14,8 +14,8 @@ def frames(count: int, seed: int = 0, size=(48, 64)) -> list[np.ndarray]:
 
 
 def session_for(model_dir, policy: str, **overrides) -> StreamingSession:
-    settings = dict(model_path=str(model_dir), cache_policy=policy, cache_budget=64, recent_window=16,
-                    eviction_chunk=16, sink_tokens=4, max_new_tokens=4)
+    settings = dict(model_path=str(model_dir), cache_policy=policy, quantization="none", cache_budget=64,
+                    recent_window=16, eviction_chunk=16, sink_tokens=4, max_new_tokens=4)
     settings.update(overrides)
     return StreamingSession(SessionConfig(**settings))
 

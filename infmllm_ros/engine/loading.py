@@ -17,6 +17,8 @@ from transformers.utils import logging as hf_logging
 
 from infmllm_ros.models import embedded_model_path
 
+from .quantization import QuantizationError, apply_dynamic_int8, bitsandbytes_config, resolve_mode
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -62,9 +64,16 @@ def resolve_model_path(model_path: str | Path | None) -> Path:
 
 
 def load_model_and_processor(model_path: str | Path | None, device: str = "cpu", dtype: str = "float32",
-                             attn_implementation: str = "sdpa"):
-    """Model in eval mode on `device`, with `attn_implementation` in the language model only."""
+                             attn_implementation: str = "sdpa", quantization: str = "none"):
+    """Model in eval mode on `device`, with `attn_implementation` in the language model only.
+
+    `quantization` is one of quantization.MODES or "auto" (nf4 on CUDA, cpu-int8 on CPU).
+    """
     path = resolve_model_path(model_path)
+    try:
+        mode = resolve_mode(quantization, device)
+    except QuantizationError as error:
+        raise ModelLoadError(str(error)) from None
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -72,8 +81,11 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
     progress_bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-tensor loading bar is noise in a node's log
     try:
+        bnb_config = bitsandbytes_config(mode)
         model = AutoModelForImageTextToText.from_pretrained(
-            path, local_files_only=True, dtype=DTYPES[dtype],
+            path, local_files_only=True, dtype=DTYPES[dtype], quantization_config=bnb_config,
+            # bitsandbytes places weights while loading; a later .to() is not allowed for them
+            device_map={"": device} if bnb_config is not None else None,
             attn_implementation={"text_config": attn_implementation, "vision_config": "sdpa"})
         processor_class = _IMAGE_ONLY.get(model.config.model_type, AutoProcessor)
         processor = processor_class.from_pretrained(path, local_files_only=True)
@@ -82,4 +94,8 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
     finally:
         if progress_bar_was_on:
             hf_logging.enable_progress_bar()
-    return model.to(device).eval(), processor
+    if bnb_config is None:
+        model = model.to(device)
+    if mode == "cpu-int8":
+        apply_dynamic_int8(model)
+    return model.eval(), processor

@@ -30,6 +30,7 @@ class SessionConfig:
     model_path: str | None = None      # None: the embedded tiny model
     device: str = "cpu"
     dtype: str = "float32"
+    quantization: str = "none"        # none | nf4 | int8 | cpu-int8 | auto (nf4 on CUDA, cpu-int8 on CPU)
     cache_policy: str = "infmllm"
     cache_budget: int = 1024           # tokens per layer after an eviction
     recent_window: int = 256           # newest tokens always kept (infmllm, h2o)
@@ -78,7 +79,8 @@ class StreamingSession:
         attention = SCORING_ATTENTION if self.policy.needs_attention_mass else "sdpa"
         model_dir = resolve_model_path(self.config.model_path)
         if model is None:
-            model, processor = load_model_and_processor(model_dir, self.config.device, self.config.dtype, attention)
+            model, processor = load_model_and_processor(model_dir, self.config.device, self.config.dtype, attention,
+                                                        self.config.quantization)
         else:
             model.set_attn_implementation({"text_config": attention, "vision_config": "sdpa"})
         self.model, self.processor = model, processor

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that measure and print tables and write plots; never asserted in tests."""

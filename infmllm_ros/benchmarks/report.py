@@ -1,0 +1,50 @@
+"""Markdown tables, JSON and PNG plots for benchmark results, written under bench/results/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+RESULTS_DIR = Path("bench/results")
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    def cell(value) -> str:
+        return f"{value:.2f}" if isinstance(value, float) else str(value)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(name: str, payload, directory: Path = RESULTS_DIR) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def line_plot(name: str, rows: Sequence[dict], x: str, ys: Sequence[str], group: str,
+              directory: Path = RESULTS_DIR, logx: bool = True) -> Path:
+    """One panel per y metric, one line per group (e.g. per policy)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(1, len(ys), figsize=(4.2 * len(ys), 3.4), squeeze=False)
+    for axis, y in zip(axes[0], ys):
+        for label in dict.fromkeys(row[group] for row in rows):
+            points = [(row[x], row[y]) for row in rows if row[group] == label]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        axis.set_xlabel(x)
+        axis.set_ylabel(y)
+        if logx:
+            axis.set_xscale("log")
+        axis.grid(alpha=0.3)
+    axes[0][0].legend()
+    figure.tight_layout()
+    path = directory / f"{name}.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
