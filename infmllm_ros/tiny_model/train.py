@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=1.5e-3)
     parser.add_argument("--min-frames", type=int, default=8, help="shortest training sequence, in frames")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    parser.add_argument("--render-workers", type=int, default=2, help="processes rendering episodes")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -75,8 +76,9 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     sampler = random.Random(args.seed)
     tokenizer = train_tokenizer(corpus_text(range(200)))
-    train = render_episodes([TRAIN_SEED_BASE + i for i in range(args.episodes)], tokenizer, workers=args.threads)
-    validation = render_episodes(VALIDATION_SEEDS, tokenizer, workers=args.threads, desc="validation episodes")
+    train = render_episodes([TRAIN_SEED_BASE + i for i in range(args.episodes)], tokenizer, workers=args.render_workers)
+    validation = render_episodes(VALIDATION_SEEDS, tokenizer, workers=args.render_workers,
+                                 desc="validation episodes")
     render_s = time.perf_counter() - started
 
     model = build_model(tokenizer).train()
