@@ -29,15 +29,14 @@ $(VENV)/.installed: requirements.txt requirements-ros.txt requirements-kernels.t
 
 # The demo rosbag (150 s of 10 Hz JPEG camera + timed questions, ~34 MB) is generated, not
 # committed: deterministic from its seed, rebuilt only when the world's code changes.
-$(DEMO_BAG)/params.json: $(VENV)/.installed $(wildcard infmllm_ros/synthetic/*.py)
+$(DEMO_BAG)/params.json: $(wildcard infmllm_ros/synthetic/*.py) | $(VENV)/.installed
 	$(PY) -m infmllm_ros.synthetic.demo_bag --out $(DEMO_BAG) --force
 
 test: setup
 	$(VENV)/bin/pytest
 
 demo: setup
-	@echo "demo: the node is not built yet; running the DDS image round trip instead"
-	$(VENV)/bin/pytest -q test/test_dds_image.py
+	$(PY) -m infmllm_ros.ros.demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -30,6 +30,10 @@ setup(
     license="Apache-2.0",
     entry_points={
         "console_scripts": [
+            "infmllm_node = infmllm_ros.ros.node:main",
+            "infmllm-run = infmllm_ros.ros.run:main",
+            "infmllm-replay = infmllm_ros.ros.replay:main",
+            "infmllm-demo = infmllm_ros.ros.demo:main",
             "infmllm-bench = infmllm_ros.benchmarks.cli:main",
             "infmllm-eval = infmllm_ros.evaluation:main",
             "infmllm-train-tiny = infmllm_ros.tiny_model.train:main",

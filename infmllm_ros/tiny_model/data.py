@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from multiprocessing import Pool
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 from tqdm import tqdm
 
-from infmllm_ros.synthetic import FEED_RATE_HZ, Question, generate_episode, generate_questions
+from infmllm_ros.synthetic import COUNT_WORDS, FEED_RATE_HZ, TEMPLATES, WIDTH, Question, generate_episode, generate_questions
+from infmllm_ros.synthetic.questions import SIDE_MARGIN_PX
 
 from .architecture import CONTEXT_FRAMES, IMAGE_TOKENS, build_processor
 
@@ -32,20 +34,79 @@ class RenderedEpisode:
 
 
 def render_episode(args) -> RenderedEpisode:
-    seed, tokenizer = args
+    seed, tokenizer, spacing_s = args
     episode = generate_episode(seed, CONTEXT_FRAMES / FEED_RATE_HZ + 1.0)
     phase = np.random.default_rng([seed, 99]).uniform(0.0, 1.0 / FEED_RATE_HZ)
     times = phase + np.arange(CONTEXT_FRAMES) / FEED_RATE_HZ
     processor = build_processor(tokenizer)
     images = [Image.fromarray(episode.render(float(t))) for t in times]
     pixels = processor.image_processor(images=images, return_tensors="pt")["pixel_values"].to(torch.float16)
-    return RenderedEpisode(seed, times, pixels, generate_questions(episode, seed))
+    return RenderedEpisode(seed, times, pixels, generate_questions(episode, seed, spacing_s=spacing_s))
 
 
-def render_episodes(seeds: list[int], tokenizer, workers: int = 2, desc: str = "rendering episodes"):
+def render_episodes(seeds: list[int], tokenizer, workers: int = 2, desc: str = "rendering episodes",
+                    spacing_s: float = 3.0, cache_dir: Path | None = None) -> list[RenderedEpisode]:
+    """Render (or load from `cache_dir`, keyed by seed and spacing) every episode."""
+    cached = {}
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for seed in seeds:
+            path = cache_dir / f"{seed}_{spacing_s:g}.pt"
+            if path.exists():
+                cached[seed] = torch.load(path, weights_only=False)
+    todo = [seed for seed in seeds if seed not in cached]
     with Pool(workers) as pool:
-        jobs = pool.imap(render_episode, [(seed, tokenizer) for seed in seeds], chunksize=4)
-        return list(tqdm(jobs, total=len(seeds), desc=desc, unit="episode"))
+        jobs = pool.imap(render_episode, [(seed, tokenizer, spacing_s) for seed in todo], chunksize=4)
+        for episode in tqdm(jobs, total=len(todo), desc=desc, unit="episode"):
+            cached[episode.seed] = episode
+            if cache_dir is not None:
+                torch.save(episode, cache_dir / f"{episode.seed}_{spacing_s:g}.pt")
+    return [cached[seed] for seed in seeds]
+
+
+def frame_questions(episode, t: float) -> list[tuple[str, str]]:
+    """Every current-scene question the single frame at t answers unambiguously.
+
+    Used for the first training stage: many answers per frame teach the vision tower to see
+    before the language model has to learn to remember.
+    """
+    visible = episode.visible(t)
+    if not all(state.fully_in_view for state in visible) or len(visible) >= len(COUNT_WORDS):
+        return []
+    probes = [(TEMPLATES["count"], COUNT_WORDS[len(visible)])]
+    shapes = [state.shape for state in visible]
+    colours = [state.colour for state in visible]
+    for state in visible:
+        if shapes.count(state.shape) == 1:
+            probes.append((TEMPLATES["colour_of_shape"].format(shape=state.shape), state.colour))
+        if colours.count(state.colour) == 1:
+            probes.append((TEMPLATES["shape_of_colour"].format(colour=state.colour), state.shape))
+        if abs(state.x - WIDTH / 2) >= SIDE_MARGIN_PX:
+            side = "left" if state.x < WIDTH / 2 else "right"
+            probes.append((TEMPLATES["side"].format(colour=state.colour, shape=state.shape), side))
+    return probes
+
+
+def build_probe_sequence(episode: RenderedEpisode, frame_indices: list[int], tokenizer, rng) -> dict:
+    """A few frames, each followed by all its current-scene questions (stage 1)."""
+    world = generate_episode(episode.seed, CONTEXT_FRAMES / FEED_RATE_HZ + 1.0)
+    frame_ids = [tokenizer.convert_tokens_to_ids("<frame>")] + [tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
+    ids: list[int] = []
+    labels: list[int] = []
+    families: list[str] = []
+    for index in frame_indices:
+        ids += frame_ids
+        labels += [IGNORE] * len(frame_ids)
+        probes = frame_questions(world, float(episode.frame_times[index]))
+        rng.shuffle(probes)
+        for text, answer in probes:
+            prompt = tokenizer(f"<q> {text} <a>", add_special_tokens=False)["input_ids"]
+            target = tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
+            ids += prompt + target
+            labels += [IGNORE] * len(prompt) + target
+            families += ["current"] * len(target)
+    return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
+            "pixel_values": episode.pixels[frame_indices].float(), "families": families}
 
 
 def build_sequence(episode: RenderedEpisode, frames: int, tokenizer) -> dict[str, torch.Tensor]:

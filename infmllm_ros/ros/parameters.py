@@ -1,0 +1,178 @@
+"""The node's parameters, declared once: name, type, default, description, validator, and whether they
+can change while the node runs.
+
+Plain Python (no rclpy) so the table can be checked against config/infmllm.yaml and the engine's
+SessionConfig without DDS. Parameters that shape the model or the cache, and the topics, are read-only
+after start: changing them would mean reloading the model or resubscribing, which a restart does
+more honestly. The rest (rates, limits) apply at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+# The engine's choices, restated so that reading this table does not import torch
+# (test_ros_conversion checks they still match the engine).
+CACHE_POLICIES = ("full", "streaming", "h2o", "infmllm")
+DTYPES = ("float32", "float16", "bfloat16")
+IMAGE_QOS = ("sensor_data", "reliable")
+# The engine's quantization modes (engine/quantization.py) plus "auto" (nf4 on CUDA, cpu-int8 on CPU).
+QUANTIZATION = ("none", "nf4", "int8", "cpu-int8", "auto")
+NOT_YET_SUPPORTED_QUANTIZATION = ("8bit", "int4", "4bit", "fp8", "awq", "gptq")
+# Parameters copied one to one into the engine's SessionConfig.
+SESSION_FIELDS = ("model_path", "device", "dtype", "quantization", "cache_policy", "cache_budget", "recent_window",
+                  "eviction_chunk", "sink_tokens", "attention_bias", "max_new_tokens")
+
+Validator = Callable[[Any], "str | None"]  # an error message, or None when the value is fine
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    name: str
+    type: str            # "string" | "integer" | "double" | "string_array"
+    default: Any
+    description: str
+    validate: Validator
+    read_only: bool = True
+
+
+class ParameterError(ValueError):
+    """A parameter value the node refuses; the message names the parameter."""
+
+
+# ---- validators ---------------------------------------------------------------------------------
+
+def one_of(choices: Iterable[str]) -> Validator:
+    choices = tuple(choices)
+    return lambda value: None if value in choices else f"must be one of {list(choices)}, not {value!r}"
+
+
+def in_range(low: float, high: float, low_open: bool = False) -> Validator:
+    def check(value):
+        too_low = value <= low if low_open else value < low
+        if too_low or value > high:
+            return f"must be in {'(' if low_open else '['}{low}, {high}], not {value!r}"
+        return None
+    return check
+
+
+def _model_path(value: str) -> str | None:
+    # Checked here (cheaply, before the model loads) so a typo fails in a second; the engine
+    # checks the directory's contents when it loads.
+    if value and not Path(value).expanduser().is_dir():
+        return f"{value!r} is not a directory ('' selects the embedded model)"
+    return None
+
+
+def _device(value: str) -> str | None:
+    if re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        return None
+    return f"must be 'cpu', 'cuda' or 'cuda:N', not {value!r}"
+
+
+def _quantization(value: str) -> str | None:
+    # Whether a mode can run here (bitsandbytes installed, CUDA for nf4/int8) is the engine's check,
+    # at load: one clear line from the node instead of a failure deep inside transformers.
+    if value in QUANTIZATION:
+        return None
+    if value.lower() in NOT_YET_SUPPORTED_QUANTIZATION:
+        return f"{value!r} is not yet supported; choose one of {list(QUANTIZATION)}"
+    return f"must be one of {list(QUANTIZATION)}, not {value!r}"
+
+
+def _topics(value: list[str]) -> str | None:
+    for topic in value:
+        if not re.fullmatch(r"/?[A-Za-z_~{][A-Za-z0-9_/{}~]*", topic) or "//" in topic or topic.endswith("/"):
+            return f"{topic!r} is not a valid topic name"
+    if len(set(value)) != len(value):
+        return "lists a topic twice"
+    return None
+
+
+PARAMETERS: tuple[ParameterSpec, ...] = (
+    ParameterSpec("model_path", "string", "", "Hugging Face model directory; '' = the embedded tiny model",
+                  _model_path),
+    ParameterSpec("device", "string", "cpu", "torch device: cpu, cuda or cuda:N", _device),
+    ParameterSpec("dtype", "string", "float32", "weights and activations dtype", one_of(DTYPES)),
+    ParameterSpec("quantization", "string", "none", "weight quantization: none, nf4 or int8 (CUDA, bitsandbytes), "
+                  "cpu-int8 (CPU), auto (nf4 on CUDA, cpu-int8 on CPU)", _quantization),
+    ParameterSpec("cache_policy", "string", "infmllm", "KV cache policy: full, streaming, h2o or infmllm",
+                  one_of(CACHE_POLICIES)),
+    ParameterSpec("cache_budget", "integer", 1024, "tokens kept per layer after an eviction",
+                  in_range(1, 1_000_000)),
+    ParameterSpec("recent_window", "integer", 256, "newest tokens always kept (infmllm, h2o)",
+                  in_range(0, 1_000_000)),
+    ParameterSpec("eviction_chunk", "integer", 64, "tokens the cache may grow past the budget before evicting; "
+                  "must hold one frame", in_range(1, 1_000_000)),
+    ParameterSpec("sink_tokens", "integer", 4, "first tokens always kept (streaming, infmllm)",
+                  in_range(0, 1_000_000)),
+    ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
+                  "per eviction", in_range(0.0, 1.0)),
+    ParameterSpec("frame_rate_hz", "double", 1.0, "frames per second fed to the model, per camera (the "
+                  "embedded model was trained at 1 Hz)", in_range(0.0, 100.0, low_open=True), read_only=False),
+    ParameterSpec("max_new_tokens", "integer", 16, "longest answer, in tokens", in_range(1, 8192),
+                  read_only=False),
+    ParameterSpec("query_queue_size", "integer", 8, "questions that may wait; more are refused as busy",
+                  in_range(1, 10_000), read_only=False),
+    ParameterSpec("max_query_chars", "integer", 2000, "longest accepted question, in characters",
+                  in_range(1, 1_000_000), read_only=False),
+    ParameterSpec("image_topics", "string_array", ["/camera/image_raw"], "sensor_msgs/Image topics, one "
+                  "camera each", _topics),
+    ParameterSpec("compressed_image_topics", "string_array", [], "sensor_msgs/CompressedImage (JPEG/PNG) "
+                  "topics, one camera each", _topics),
+    ParameterSpec("image_qos", "string", "sensor_data", "camera subscription QoS: sensor_data (best effort) "
+                  "or reliable", one_of(IMAGE_QOS)),
+    ParameterSpec("max_image_pixels", "integer", 3840 * 2160, "larger images are rejected before decoding",
+                  in_range(1, 1 << 31), read_only=False),
+    ParameterSpec("stats_period_s", "double", 1.0, "seconds between ~/stats messages",
+                  in_range(0.0, 3600.0, low_open=True), read_only=False),
+)
+BY_NAME: dict[str, ParameterSpec] = {spec.name: spec for spec in PARAMETERS}
+
+_PYTHON_TYPES = {"string": (str,), "integer": (int,), "double": (float, int), "string_array": (list, tuple)}
+
+
+def check(name: str, value: Any) -> Any:
+    """The value, normalised (ints for doubles become floats); ParameterError when it is refused."""
+    spec = BY_NAME.get(name)
+    if spec is None:
+        raise ParameterError(f"unknown parameter {name!r}")
+    if spec.type == "string_array" and value is None:
+        value = []  # ROS YAML cannot type an empty list: `[]` arrives as "not set"
+    if not isinstance(value, _PYTHON_TYPES[spec.type]) or isinstance(value, bool):
+        raise ParameterError(f"{name}: expected {spec.type}, got {value!r}")
+    if spec.type == "double":
+        value = float(value)
+    if spec.type == "string_array":
+        value = list(value)
+        if not all(isinstance(item, str) for item in value):
+            raise ParameterError(f"{name}: expected a list of strings, got {value!r}")
+    error = spec.validate(value)
+    if error:
+        raise ParameterError(f"{name}: {error}")
+    return value
+
+
+def check_all(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter checked (defaults for missing ones), plus the rules that span two of them."""
+    checked = {spec.name: check(spec.name, values.get(spec.name, spec.default)) for spec in PARAMETERS}
+    if not checked["image_topics"] and not checked["compressed_image_topics"]:
+        raise ParameterError("image_topics and compressed_image_topics are both empty: no camera to watch")
+    overlap = set(checked["image_topics"]) & set(checked["compressed_image_topics"])
+    if overlap:
+        raise ParameterError(f"{sorted(overlap)} listed as both a raw and a compressed image topic")
+    return checked
+
+
+def defaults() -> dict[str, Any]:
+    return {spec.name: spec.default for spec in PARAMETERS}
+
+
+def session_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for the engine's SessionConfig ('' model_path means the embedded model)."""
+    settings = {name: values[name] for name in SESSION_FIELDS}
+    settings["model_path"] = settings["model_path"] or None
+    return settings

@@ -1,0 +1,186 @@
+"""Questions as they arrive on ~/query: decoded, parsed, refused with a reason, and queued.
+
+A query is plain text, or JSON {"id": ..., "question": ...} so that a caller can match the answer;
+plain text gets a generated id. The queue is the one hand-off to the worker that owns the model:
+frames and questions leave it in arrival order, so a question is answered after the frames that
+came before it; questions are bounded (refused as busy when full, never dropped), and only the
+newest pending frame of each camera waits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+# Kinds of refusal, as counted in ~/stats and written in ~/answer_info.
+KINDS = EMPTY, TOO_LONG, NOT_UTF8, BAD_JSON, MALFORMED, BUSY = (
+    "empty", "too_long", "not_utf8", "bad_json", "malformed", "busy")
+DEFAULT_MAX_CHARS = 2000
+MAX_ID_CHARS = 200
+ECHO_CHARS = 200  # how much of a refused question ~/answer_info repeats back
+# Texts longer than 2 * max_chars + this are refused unparsed; shorter ones are parsed first, so a
+# JSON query whose question is too long still gets its refusal under its own id.
+_JSON_OVERHEAD_CHARS = 1024
+
+# CDR encapsulation ids whose std_msgs/String layout is uint32 length + bytes + NUL (XCDR1 and
+# XCDR2 plain, big and little endian).
+_PLAIN_CDR = {b"\x00\x00": ">", b"\x00\x01": "<", b"\x00\x06": ">", b"\x00\x07": "<"}
+
+
+@dataclass(frozen=True)
+class Query:
+    id: str
+    question: str
+    received: float = field(default_factory=time.monotonic)  # for queue + answer latency
+
+
+class QueryRejected(ValueError):
+    """A query that will get a refusal, not an answer; `kind` is one of KINDS."""
+
+    def __init__(self, kind: str, reason: str, query_id: str | None = None, question: str = "") -> None:
+        super().__init__(reason)
+        self.kind, self.reason, self.query_id = kind, reason, query_id
+        self.question = echo(question)
+
+
+def echo(question: str) -> str:
+    """A question short enough to repeat in a reply."""
+    return question if len(question) <= ECHO_CHARS else question[:ECHO_CHARS] + "..."
+
+
+class QueryIds:
+    """Ids for queries that came without one: 'auto-1', 'auto-2', ... (thread-safe)."""
+
+    def __init__(self, prefix: str = "auto") -> None:
+        self._prefix, self._counter = prefix, itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
+
+
+def decode_string_cdr(raw: bytes) -> str | None:
+    """The text of a serialized std_msgs/String, strictly UTF-8; None for an encapsulation not known here.
+
+    Needed because rclpy decodes String.data with errors='replace': a typed subscription cannot tell
+    a sender's invalid bytes from a real U+FFFD, so the node subscribes raw and decodes here.
+    """
+    endian = _PLAIN_CDR.get(bytes(raw[:2]))
+    if endian is None:
+        return None
+    if len(raw) < 8:
+        raise QueryRejected(MALFORMED, f"serialized String is {len(raw)} bytes, too short")
+    (length,) = struct.unpack(endian + "I", raw[4:8])
+    if length < 1 or 8 + length > len(raw):
+        raise QueryRejected(MALFORMED, f"serialized String claims {length} bytes but carries {len(raw) - 8}")
+    try:
+        return bytes(raw[8:8 + length - 1]).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise QueryRejected(NOT_UTF8, f"query is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+
+
+def parse_query(text: str, ids: QueryIds, max_chars: int = DEFAULT_MAX_CHARS) -> Query:
+    """A Query from ~/query text, or QueryRejected with the reason."""
+    if len(text) > 2 * max_chars + _JSON_OVERHEAD_CHARS:
+        raise QueryRejected(TOO_LONG, f"query is {len(text)} characters; max_query_chars is {max_chars}",
+                            ids(), text)
+    query_id, question = None, text
+    if text.lstrip().startswith("{"):
+        query_id, question = _parse_json(text, ids)
+    query_id = query_id or ids()
+    if not question.strip():
+        raise QueryRejected(EMPTY, "question is empty", query_id)
+    if len(question) > max_chars:
+        raise QueryRejected(TOO_LONG, f"question is {len(question)} characters; max_query_chars is {max_chars}",
+                            query_id, question)
+    return Query(query_id, question.strip())
+
+
+def _parse_json(text: str, ids: QueryIds) -> tuple[str | None, str]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise QueryRejected(BAD_JSON, f"query starts with '{{' but is not JSON: {error}", ids(), text) from None
+    if not isinstance(data, dict):
+        raise QueryRejected(BAD_JSON, 'JSON query must be an object {"id": ..., "question": ...}', ids(), text)
+    query_id = data.get("id")
+    if query_id is not None and (isinstance(query_id, bool) or not isinstance(query_id, (str, int))):
+        raise QueryRejected(BAD_JSON, f'"id" must be a string or an integer, not {query_id!r}', ids(), text)
+    query_id = None if query_id in (None, "") else str(query_id)
+    if query_id is not None and len(query_id) > MAX_ID_CHARS:
+        raise QueryRejected(BAD_JSON, f'"id" is longer than {MAX_ID_CHARS} characters', ids(), text)
+    question = data.get("question")
+    if not isinstance(question, str):
+        raise QueryRejected(BAD_JSON, 'JSON query needs a "question" string', query_id or ids(), text)
+    return query_id, question
+
+
+class RequestQueue:
+    """The worker's inbox: frames and queries in arrival order (thread-safe).
+
+    At most `max_queries` queries wait (put_query refuses beyond that); a camera's newer frame
+    replaces its pending one, which moves to the back so that order stays chronological.
+    """
+
+    def __init__(self, max_queries: int) -> None:
+        self.max_queries = max_queries
+        self._items: deque[tuple[str, Hashable, Any]] = deque()
+        self._queries = 0
+        self._closed = False
+        self._ready = threading.Condition()
+
+    def put_query(self, query: Query) -> bool:
+        with self._ready:
+            if self._closed or self._queries >= self.max_queries:
+                return False
+            self._items.append(("query", None, query))
+            self._queries += 1
+            self._ready.notify()
+            return True
+
+    def put_frame(self, camera: Hashable, frame: Any) -> bool:
+        """Queue a frame; True when it replaced one of the same camera that had not been taken."""
+        with self._ready:
+            if self._closed:
+                return False
+            replaced = False
+            for index, (kind, key, _) in enumerate(self._items):
+                if kind == "frame" and key == camera:
+                    del self._items[index]
+                    replaced = True
+                    break
+            self._items.append(("frame", camera, frame))
+            self._ready.notify()
+            return replaced
+
+    def get(self, timeout: float | None = None) -> tuple[str, Hashable, Any] | None:
+        """The oldest item as (kind, camera or None, payload); None on timeout or once closed."""
+        with self._ready:
+            if not self._items and not self._closed:
+                self._ready.wait(timeout)
+            if self._closed or not self._items:
+                return None
+            item = self._items.popleft()
+            if item[0] == "query":
+                self._queries -= 1
+            return item
+
+    def close(self) -> list[Query]:
+        """Stop handing out items; returns the queries that were still waiting."""
+        with self._ready:
+            self._closed = True
+            waiting = [payload for kind, _, payload in self._items if kind == "query"]
+            self._items.clear()
+            self._queries = 0
+            self._ready.notify_all()
+            return waiting
+
+    @property
+    def pending_queries(self) -> int:
+        with self._ready:
+            return self._queries
