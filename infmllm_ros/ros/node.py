@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 import rclpy
+import torch
 from rcl_interfaces.msg import ParameterDescriptor, ParameterType, SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterTypeException, NameValidationException, ParameterException
@@ -227,6 +228,8 @@ class InfMLLMNode(Node):
         self._query_ids = QueryIds()
         self._frames = LatestFrames()
         self._queue = RequestQueue(self.settings["query_queue_size"])
+        if self.settings["torch_threads"] > 0:
+            torch.set_num_threads(self.settings["torch_threads"])
         session = StreamingSession(SessionConfig(**session_settings(self.settings)))  # ModelLoadError, ValueError
         self.get_logger().info(
             f"model {session.family} from {self.settings['model_path'] or 'the embedded model'}, cache policy "

@@ -99,6 +99,9 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
     ParameterSpec("dtype", "string", "float32", "weights and activations dtype", one_of(DTYPES)),
     ParameterSpec("quantization", "string", "none", "weight quantization: none, nf4 or int8 (CUDA, bitsandbytes), "
                   "cpu-int8 (CPU), auto (nf4 on CUDA, cpu-int8 on CPU)", _quantization),
+    ParameterSpec("torch_threads", "integer", 0, "CPU threads torch may use; 0 = torch's default (all cores). "
+                  "On a loaded CPU, 1 avoids thread oversubscription, which slowed answers 100x on 2 cores",
+                  in_range(0, 1024)),
     ParameterSpec("cache_policy", "string", "infmllm", "KV cache policy: full, streaming, h2o or infmllm",
                   one_of(CACHE_POLICIES)),
     ParameterSpec("cache_budget", "integer", 1024, "tokens kept per layer after an eviction",
