@@ -45,10 +45,13 @@ def bitsandbytes_config(mode: str, keep_precise: tuple[str, ...] = KEEP_PRECISE)
     if mode not in ("nf4", "int8"):
         return None
     from transformers import BitsAndBytesConfig
+    # transformers matches skip patterns from the start of a module's full name (or as a suffix),
+    # so "vision_tower" alone would not match "model.vision_tower.encoder...": anchor at any depth.
+    keep_precise = [rf"(?:.*\.)?{name}" for name in keep_precise]
     if mode == "nf4":
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=list(keep_precise))
-    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=list(keep_precise))
+                                  bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=keep_precise)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep_precise)
 
 
 def apply_dynamic_int8(model, keep_precise: tuple[str, ...] = KEEP_PRECISE):
