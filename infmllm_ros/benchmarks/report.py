@@ -48,3 +48,22 @@ def line_plot(name: str, rows: Sequence[dict], x: str, ys: Sequence[str], group:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def bar_plot(name: str, rows: Sequence[dict], label: str, ys: Sequence[str], directory: Path = RESULTS_DIR) -> Path:
+    """One panel per metric, one bar per row (e.g. per quantization mode)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(1, len(ys), figsize=(3.6 * len(ys), 3.2), squeeze=False)
+    for axis, y in zip(axes[0], ys):
+        axis.bar([str(row[label]) for row in rows], [row[y] for row in rows], color="tab:blue")
+        axis.set_title(y)
+        axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    path = directory / f"{name}.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -131,6 +131,10 @@ class StreamingSession:
             logits, _ = self._forward({"input_ids": piece})
         return logits
 
+    def feed_token(self, token_id: int) -> torch.Tensor:
+        """Append one token, as a decoding step does; returns the next-token logits."""
+        return self._forward({"input_ids": torch.tensor([[token_id]])})[0]
+
     def _forward(self, inputs: dict) -> tuple[torch.Tensor, bool]:
         count = inputs["input_ids"].shape[-1]
         evicted = self.cache.make_room(count)
@@ -163,7 +167,7 @@ class StreamingSession:
             token = int(torch.argmax(logits))
             ttft = ttft if ttft is not None else time.perf_counter() - started
             generated.append(token)
-            logits = self._forward({"input_ids": torch.tensor([[token]])})[0]
+            logits = self.feed_token(token)
             if token in self.stop_ids:
                 break
             full = self.tokenizer.decode(generated, skip_special_tokens=True)

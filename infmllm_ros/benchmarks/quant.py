@@ -1,0 +1,59 @@
+"""Quant suite: what each quantization mode costs and saves on the same model, streams and questions."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from infmllm_ros.engine.loading import ModelLoadError
+from infmllm_ros.engine.session import SessionConfig, StreamingSession
+from infmllm_ros.evaluation import EvalResult, evaluate_episode
+
+from .scale import stream_frames
+
+MODES = ("none", "cpu-int8", "nf4", "int8")
+
+
+def model_megabytes(model: torch.nn.Module) -> float:
+    """Bytes of every stored tensor (packed int8 and 4-bit weights count at their real size)."""
+    total = 0
+    for value in model.state_dict().values():
+        tensors = value if isinstance(value, (tuple, list)) else (value,)
+        total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return total / 2**20
+
+
+def decode_ms_per_token(session: StreamingSession, steps: int = 32) -> float:
+    token = session.tokenizer.convert_tokens_to_ids("<q>") if "<q>" in session.tokenizer.get_vocab() else 0
+    timings = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        session.feed_token(token)
+        timings.append(time.perf_counter() - started)
+    return 1000 * statistics.median(timings)
+
+
+def run_quant(model_path, episodes: int, duration_s: float, frames: int = 64, modes=MODES):
+    rows = []
+    pool = stream_frames(frames)
+    for mode in tqdm(modes, desc="quant modes", unit="mode"):
+        try:
+            session = StreamingSession(SessionConfig(model_path=model_path, quantization=mode, cache_policy="infmllm"))
+        except ModelLoadError as error:
+            rows.append({"mode": mode, "error": str(error)})
+            continue
+        ingest = []
+        for index, frame in enumerate(pool):
+            ingest.append(session.add_frame(frame, stamp=float(index)).seconds)
+        decode = decode_ms_per_token(session)
+        result = EvalResult()
+        for seed in range(1, episodes + 1):
+            evaluate_episode(session, seed, duration_s, result)
+        accuracy = result.accuracy()
+        rows.append({"mode": mode, "model_mb": model_megabytes(session.model),
+                     "ingest_ms": 1000 * statistics.median(ingest), "decode_ms": decode,
+                     **{f"acc_{family}": 100 * value for family, value in accuracy.items()}})
+    return rows
