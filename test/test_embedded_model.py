@@ -34,10 +34,10 @@ def test_embedded_model_directory_is_complete():
     assert (directory / "model.safetensors").stat().st_size < 20 * 2**20
 
 
-def test_embedded_model_answers_current_scene_questions():
-    session = StreamingSession(SessionConfig(cache_policy="full"))   # model_path None: the embedded default
+def accuracy_on_fixed_questions(session: StreamingSession, seeds=FIXED_SEEDS) -> tuple[int, int, list]:
+    """(right, asked, mistakes) on the fixed current-scene questions, frames streamed at 1 Hz."""
     right, asked, wrong = 0, 0, []
-    for seed in FIXED_SEEDS:
+    for seed in seeds:
         episode, questions = current_scene_questions(seed)
         session.reset()
         t = 0.5 / FEED_RATE_HZ
@@ -50,6 +50,12 @@ def test_embedded_model_answers_current_scene_questions():
             right += answer == question.answer
             if answer != question.answer:
                 wrong.append((seed, question.text, question.answer, answer))
+    return right, asked, wrong
+
+
+def test_embedded_model_answers_current_scene_questions():
+    session = StreamingSession(SessionConfig(cache_policy="full"))   # model_path None: the embedded default
+    right, asked, wrong = accuracy_on_fixed_questions(session)
     assert asked >= 24
     print(f"embedded model, current scene: {right}/{asked} correct; wrong: {wrong}")
     assert right / asked >= MIN_ACCURACY, wrong

@@ -9,9 +9,8 @@ import pytest
 from infmllm_ros.engine.loading import ModelLoadError, load_model_and_processor
 from infmllm_ros.engine.quantization import default_mode, quantized_linear_count
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
-from infmllm_ros.synthetic import FEED_RATE_HZ
 
-from test_embedded_model import current_scene_questions
+from test_embedded_model import accuracy_on_fixed_questions
 
 EXPECTED_LINEAR = {
     "none": "torch.nn.modules.linear.Linear",
@@ -22,21 +21,6 @@ EXPECTED_LINEAR = {
 LANGUAGE_LINEARS = 4 * 7   # 4 decoder layers x (q, k, v, o, gate, up, down)
 
 
-def accuracy_on_fixed_questions(session: StreamingSession, seeds=range(1, 5)) -> tuple[int, int]:
-    right = asked = 0
-    for seed in seeds:
-        episode, questions = current_scene_questions(seed)
-        session.reset()
-        t = 0.5 / FEED_RATE_HZ
-        for question in questions:
-            while t < question.t:
-                session.add_frame(episode.render(t), stamp=t)
-                t += 1.0 / FEED_RATE_HZ
-            right += session.ask(question.text).text == question.answer
-            asked += 1
-    return right, asked
-
-
 @pytest.mark.parametrize("mode", ["none", "cpu-int8", "nf4", "int8"])
 def test_mode_replaces_linear_layers_and_answers(mode):
     session = StreamingSession(SessionConfig(quantization=mode, cache_policy="infmllm"))
@@ -45,15 +29,18 @@ def test_mode_replaces_linear_layers_and_answers(mode):
     if mode != "none":
         # the vision tower and projector keep full-precision linears
         assert counts.get("torch.nn.modules.linear.Linear", 0) >= 1
-    right, asked = accuracy_on_fixed_questions(session)
+    right, asked, _ = accuracy_on_fixed_questions(session, seeds=range(1, 5))
     print(f"{mode}: {right}/{asked} current-scene answers correct")
     # 8-9 of 16 with every mode (deterministic); chance is about 5 of 16 (see test_embedded_model)
     assert right / asked >= 0.375
 
 
-def test_defaults_per_device():
-    assert default_mode("cuda") == "nf4" and default_mode("cuda:1") == "nf4"
-    assert default_mode("cpu") == "cpu-int8"
+def test_defaults_per_device_and_size():
+    assert default_mode("cuda") == "nf4" and default_mode("cuda:1", 10**6) == "nf4"
+    assert default_mode("cpu", 200_000_000) == "cpu-int8"
+    assert default_mode("cpu", 2_359_296) == "none"   # the embedded model: int8 would only cost time
+    session = StreamingSession(SessionConfig(quantization="auto"))
+    assert EXPECTED_LINEAR["cpu-int8"] not in quantized_linear_count(session.model)
 
 
 def test_impossible_modes_fail_clearly(monkeypatch):

@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForImageTextToText, AutoProcessor, Qwen2_5_VLConfig, Qwen2_5_VLProcessor,
-                          Qwen2VLConfig, Qwen2VLProcessor)
+from transformers import (AutoConfig, AutoModelForImageTextToText, AutoProcessor, Qwen2_5_VLConfig,
+                          Qwen2_5_VLProcessor, Qwen2VLConfig, Qwen2VLProcessor)
 from transformers.processing_utils import ProcessorMixin
 from transformers.utils import logging as hf_logging
 
 from infmllm_ros.models import embedded_model_path
 
-from .quantization import QuantizationError, apply_dynamic_int8, bitsandbytes_config, resolve_mode
+from .quantization import (QuantizationError, apply_dynamic_int8, bitsandbytes_config, language_linear_weights,
+                           resolve_mode)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -67,11 +68,15 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
                              attn_implementation: str = "sdpa", quantization: str = "none"):
     """Model in eval mode on `device`, with `attn_implementation` in the language model only.
 
-    `quantization` is one of quantization.MODES or "auto" (nf4 on CUDA, cpu-int8 on CPU).
+    `quantization` is one of quantization.MODES or "auto" (see quantization.default_mode).
     """
     path = resolve_model_path(model_path)
     try:
-        mode = resolve_mode(quantization, device)
+        weights = language_linear_weights(AutoConfig.from_pretrained(path, local_files_only=True))
+    except (OSError, ValueError, KeyError, AttributeError) as error:
+        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: {error}") from error
+    try:
+        mode = resolve_mode(quantization, device, weights)
     except QuantizationError as error:
         raise ModelLoadError(str(error)) from None
     if dtype not in DTYPES:

@@ -30,7 +30,7 @@ class SessionConfig:
     model_path: str | None = None      # None: the embedded tiny model
     device: str = "cpu"
     dtype: str = "float32"
-    quantization: str = "none"        # none | nf4 | int8 | cpu-int8 | auto (nf4 on CUDA, cpu-int8 on CPU)
+    quantization: str = "auto"        # none | nf4 | int8 | cpu-int8 | auto (quantization.default_mode)
     cache_policy: str = "infmllm"
     cache_budget: int = 1024           # tokens per layer after an eviction
     recent_window: int = 256           # newest tokens always kept (infmllm, h2o)

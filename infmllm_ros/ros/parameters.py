@@ -97,8 +97,9 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   _model_path),
     ParameterSpec("device", "string", "cpu", "torch device: cpu, cuda or cuda:N", _device),
     ParameterSpec("dtype", "string", "float32", "weights and activations dtype", one_of(DTYPES)),
-    ParameterSpec("quantization", "string", "none", "weight quantization: none, nf4 or int8 (CUDA, bitsandbytes), "
-                  "cpu-int8 (CPU), auto (nf4 on CUDA, cpu-int8 on CPU)", _quantization),
+    ParameterSpec("quantization", "string", "auto", "weight quantization: none, nf4 or int8 (bitsandbytes), "
+                  "cpu-int8 (CPU), auto (nf4 on CUDA; cpu-int8 on CPU from 20M language weights, else none)",
+                  _quantization),
     ParameterSpec("torch_threads", "integer", 0, "CPU threads torch may use; 0 = torch's default (all cores). "
                   "On a loaded CPU, 1 avoids thread oversubscription, which slowed answers 100x on 2 cores",
                   in_range(0, 1024)),
