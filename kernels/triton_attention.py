@@ -17,6 +17,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _masked_logits(q, key_base, Bias, cols, dims, row_ok, dim_ok, query_position, batch, head,
+                   stride_kn, stride_kd, stride_bb, stride_bh, stride_bn, k_len, scale,
+                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """Scaled, biased, masked logits of a query-row block against one block of keys (both passes)."""
+    col_ok = cols < k_len
+    k = tl.load(key_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd,
+                mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+    logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    if HAS_BIAS:
+        bias = tl.load(Bias + batch * stride_bb + head * stride_bh + cols * stride_bn, mask=col_ok, other=0.0)
+        logits += bias[None, :].to(tl.float32)
+    allowed = row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= query_position[:, None])
+    return tl.where(allowed, logits, float("-inf")), col_ok
+
+
+@triton.jit
 def _attention_with_key_mass_kernel(
     Q, K, V, Bias, Out, Mass,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -52,15 +68,9 @@ def _attention_with_key_mass_kernel(
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     for start in range(0, k_len, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < k_len
-        k = tl.load(key_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd,
-                    mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        if HAS_BIAS:
-            bias = tl.load(Bias + batch * stride_bb + head * stride_bh + cols * stride_bn, mask=col_ok, other=0.0)
-            logits += bias[None, :].to(tl.float32)
-        allowed = row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= query_position[:, None])
-        logits = tl.where(allowed, logits, float("-inf"))
+        logits, _ = _masked_logits(q, key_base, Bias, cols, dims, row_ok, dim_ok, query_position, batch, head,
+                                   stride_kn, stride_kd, stride_bb, stride_bh, stride_bn, k_len, scale,
+                                   HAS_BIAS, PRECISION)
         new_max = tl.maximum(row_max, tl.max(logits, 1))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         row_sum = row_sum * tl.exp(row_max - safe_max) + tl.sum(tl.exp(logits - safe_max[:, None]), 1)
@@ -72,17 +82,12 @@ def _attention_with_key_mass_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, k_len, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < k_len
-        k = tl.load(key_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd,
-                    mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+        logits, col_ok = _masked_logits(q, key_base, Bias, cols, dims, row_ok, dim_ok, query_position, batch, head,
+                                        stride_kn, stride_kd, stride_bb, stride_bh, stride_bn, k_len, scale,
+                                        HAS_BIAS, PRECISION)
         v = tl.load(value_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        if HAS_BIAS:
-            bias = tl.load(Bias + batch * stride_bb + head * stride_bh + cols * stride_bn, mask=col_ok, other=0.0)
-            logits += bias[None, :].to(tl.float32)
-        allowed = row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= query_position[:, None])
-        probs = tl.where(allowed, tl.exp(logits - safe_max[:, None]) * inverse_sum[:, None], 0.0)
+        probs = tl.where(logits > float("-inf"), tl.exp(logits - safe_max[:, None]) * inverse_sum[:, None], 0.0)
         acc += tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
         tl.atomic_add(Mass + batch * stride_mb + head * stride_mh + cols * stride_mn, tl.sum(probs, 0), mask=col_ok)
 
