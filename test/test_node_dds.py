@@ -129,7 +129,9 @@ def test_replayed_bag_questions_all_answered(node, listener, demo_bag_job, modul
         assert accuracy.get("current", 0.0) >= CURRENT_SCENE_FLOOR, accuracy
     stats = listener.latest_stats()
     camera = stats["cameras"][COMPRESSED_CAMERA]
-    assert camera["fed"] >= BAG_DURATION_S * 0.5, camera  # ~1 frame per bag second reached the model
+    # ~1 frame per bag second is offered; a loaded machine slows the worker and the newest frame
+    # replaces unfed ones (counted as dropped), so only a share is required to reach the model.
+    assert camera["fed"] >= BAG_DURATION_S * 0.2, camera
     assert camera["received"] >= camera["fed"] + camera["dropped"] - 1
     assert stats["frames_seen"] >= camera["fed"] and stats["cache_tokens"] > 0 and stats["cache_mb"] > 0
     newest = max(info["stamp"] for info in infos.values() if info["stamp"])

@@ -25,6 +25,7 @@ from tqdm import tqdm
 MESSAGE_TYPES = {"sensor_msgs/msg/Image": Image, "sensor_msgs/msg/CompressedImage": CompressedImage,
                  "std_msgs/msg/String": String}
 _QOS = QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE)
+DISCOVERY_SETTLE_S = 1.0
 
 
 def parse_remaps(items: Sequence[str]) -> dict[str, str]:
@@ -48,7 +49,12 @@ def _wait_for_subscribers(publishers: dict, timeout_s: float) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
         missing = [topic for topic, publisher in publishers.items() if publisher.get_subscription_count() == 0]
-        if not missing or time.monotonic() >= deadline:
+        if not missing:
+            # Discovery is two-sided: the writer may see the reader before the reader has matched
+            # the writer, and reliable samples sent in that gap are lost. Let it settle.
+            time.sleep(DISCOVERY_SETTLE_S)
+            return missing
+        if time.monotonic() >= deadline:
             return missing
         time.sleep(0.05)
 
