@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 import rclpy
+from rclpy.duration import Duration
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from rosbags.rosbag2 import Reader, ReaderError
@@ -26,6 +27,7 @@ MESSAGE_TYPES = {"sensor_msgs/msg/Image": Image, "sensor_msgs/msg/CompressedImag
                  "std_msgs/msg/String": String}
 _QOS = QoSProfile(depth=100, reliability=QoSReliabilityPolicy.RELIABLE)
 DISCOVERY_SETTLE_S = 1.0
+ACK_TIMEOUT_S = 5.0
 
 
 def parse_remaps(items: Sequence[str]) -> dict[str, str]:
@@ -94,6 +96,9 @@ def replay(bag: Path, node, rate: float = 1.0, loop: bool = False, remaps: dict[
                     sent += 1
                     bar.update()
             if not loop:
+                # Reliable samples still in flight die with the process: wait for their acks.
+                for publisher in publishers.values():
+                    publisher.wait_for_all_acked(Duration(seconds=ACK_TIMEOUT_S))
                 return sent
 
 
