@@ -162,7 +162,8 @@ class StreamingSession:
         started = time.perf_counter()
         logits = self.add_text(self.prompt.question.format(question=question.strip()))
         generated: list[int] = []
-        text, ttft = "", None
+        decoded, text, ttft = "", "", None
+        prefix = read = 0   # incremental decoding: only the tokens since the last emitted piece are decoded
         for _ in range(limit):
             token = int(torch.argmax(logits))
             ttft = ttft if ttft is not None else time.perf_counter() - started
@@ -170,9 +171,13 @@ class StreamingSession:
             logits = self.feed_token(token)
             if token in self.stop_ids:
                 break
-            full = self.tokenizer.decode(generated, skip_special_tokens=True)
-            stop_at = min((full.find(s) for s in self.prompt.stop if s in full), default=-1)
-            visible = full if stop_at < 0 else full[:stop_at]
+            before = self.tokenizer.decode(generated[prefix:read], skip_special_tokens=True)
+            after = self.tokenizer.decode(generated[prefix:], skip_special_tokens=True)
+            if len(after) > len(before) and not after.endswith("\ufffd"):   # not mid-way through a character
+                decoded += after[len(before):]
+                prefix, read = read, len(generated)
+            stop_at = min((decoded.find(s) for s in self.prompt.stop if s in decoded), default=-1)
+            visible = decoded if stop_at < 0 else decoded[:stop_at]
             if len(visible) > len(text):
                 yield visible[len(text):]
                 text = visible
