@@ -154,9 +154,10 @@ class NodeListener:
     def __init__(self, node_name: str = "/infmllm_node", name: str = "test_listener") -> None:
         import rclpy
         from rclpy.context import Context
-        from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy
         from std_msgs.msg import String
+
+        from infmllm_ros.ros.background_spin import BackgroundSpin
 
         self.prefix = node_name
         self.context = Context()
@@ -173,17 +174,7 @@ class NodeListener:
             self.node.create_subscription(String, f"{node_name}/{topic}", self._recorder(sink, parse), reliable)
         self.query_publisher = self.node.create_publisher(String, f"{node_name}/query", reliable)
         self._publishers: dict[str, Any] = {}
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        from rclpy.executors import ExternalShutdownException
-        try:
-            self.executor.spin()
-        except ExternalShutdownException:
-            pass
+        self._spin = BackgroundSpin(self.node, self.context)
 
     def _recorder(self, sink: list, parse):
         def record(msg) -> None:
@@ -241,11 +232,7 @@ class NodeListener:
         return found
 
     def close(self) -> None:
-        import rclpy
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
-        self._thread.join(5)
+        self._spin.stop()
 
 
 def rgb_image_msg(rgb: np.ndarray, encoding: str = "rgb8"):

@@ -60,9 +60,10 @@ class AnswerListener:
 
     def __init__(self) -> None:
         import rclpy
-        from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile, QoSReliabilityPolicy
         from std_msgs.msg import String
+
+        from .background_spin import BackgroundSpin
         rclpy.init(args=[])
         self.node = rclpy.create_node("infmllm_demo")
         self.infos: queue.Queue[dict] = queue.Queue()
@@ -71,24 +72,10 @@ class AnswerListener:
         self.node.create_subscription(String, f"/{NODE_NAME}/answer_info",
                                       lambda msg: self.infos.put(json.loads(msg.data)), reliable)
         self.node.create_subscription(String, f"/{NODE_NAME}/stats", lambda msg: self.stats_seen.set(), 10)
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(self.node)
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self) -> None:
-        from rclpy.executors import ExternalShutdownException
-        try:
-            self.executor.spin()
-        except ExternalShutdownException:
-            pass
+        self._spin = BackgroundSpin(self.node)
 
     def close(self) -> None:
-        import rclpy
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown()
-        self._thread.join(5)
+        self._spin.stop()
 
 
 def ensure_bag(bag: Path) -> list[dict]:

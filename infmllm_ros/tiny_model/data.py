@@ -20,7 +20,7 @@ from tqdm import tqdm
 from infmllm_ros.synthetic import COUNT_WORDS, FEED_RATE_HZ, TEMPLATES, WIDTH, Question, generate_episode, generate_questions
 from infmllm_ros.synthetic.questions import SIDE_MARGIN_PX
 
-from .architecture import CONTEXT_FRAMES, IMAGE_TOKENS, build_processor
+from .architecture import CONTEXT_FRAMES, IMAGE_TOKENS, PROMPT, build_processor
 
 IGNORE = -100
 
@@ -87,47 +87,57 @@ def frame_questions(episode, t: float) -> list[tuple[str, str]]:
     return probes
 
 
+class SequenceWriter:
+    """Token ids and loss labels of one training stream, written in architecture.PROMPT's format."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.frame_ids = [tokenizer.convert_tokens_to_ids("<frame>")] + [
+            tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
+        self.ids: list[int] = []
+        self.labels: list[int] = []
+        self.families: list[str] = []
+
+    def frame(self) -> None:
+        self.ids += self.frame_ids
+        self.labels += [IGNORE] * len(self.frame_ids)
+
+    def question(self, text: str, answer: str, family: str) -> None:
+        """The question carries no loss; its answer and the closing "</s>" do."""
+        prompt = self.tokenizer(PROMPT["question"].format(question=text), add_special_tokens=False)["input_ids"]
+        target = self.tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
+        self.ids += prompt + target
+        self.labels += [IGNORE] * len(prompt) + target
+        self.families += [family] * len(target)
+
+    def batch(self, pixels: torch.Tensor) -> dict:
+        return {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
+                "pixel_values": pixels.float(), "families": self.families}
+
+
 def build_probe_sequence(episode: RenderedEpisode, frame_indices: list[int], tokenizer, rng) -> dict:
     """A few frames, each followed by all its current-scene questions (stage 1)."""
     world = generate_episode(episode.seed, CONTEXT_FRAMES / FEED_RATE_HZ + 1.0)
-    frame_ids = [tokenizer.convert_tokens_to_ids("<frame>")] + [tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
-    ids: list[int] = []
-    labels: list[int] = []
-    families: list[str] = []
+    writer = SequenceWriter(tokenizer)
     for index in frame_indices:
-        ids += frame_ids
-        labels += [IGNORE] * len(frame_ids)
+        writer.frame()
         probes = frame_questions(world, float(episode.frame_times[index]))
         rng.shuffle(probes)
         for text, answer in probes:
-            prompt = tokenizer(f"<q> {text} <a>", add_special_tokens=False)["input_ids"]
-            target = tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
-            ids += prompt + target
-            labels += [IGNORE] * len(prompt) + target
-            families += ["current"] * len(target)
-    return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
-            "pixel_values": episode.pixels[frame_indices].float(), "families": families}
+            writer.question(text, answer, "current")
+    return writer.batch(episode.pixels[frame_indices])
 
 
 def build_sequence(episode: RenderedEpisode, frames: int, tokenizer) -> dict[str, torch.Tensor]:
     """input_ids, labels, pixel_values and families for the first `frames` frames of an episode."""
-    frame_ids = [tokenizer.convert_tokens_to_ids("<frame>")] + [tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
     last_time = episode.frame_times[frames - 1] + 1.0 / FEED_RATE_HZ
     events = [(float(t), 0, index) for index, t in enumerate(episode.frame_times[:frames])]
     events += [(q.t, 1, index) for index, q in enumerate(episode.questions) if q.t < last_time]
-    ids: list[int] = []
-    labels: list[int] = []
-    families: list[str] = []
+    writer = SequenceWriter(tokenizer)
     for _, kind, index in sorted(events):
         if kind == 0:
-            ids += frame_ids
-            labels += [IGNORE] * len(frame_ids)
-            continue
-        question = episode.questions[index]
-        prompt = tokenizer(f"<q> {question.text} <a>", add_special_tokens=False)["input_ids"]
-        answer = tokenizer(f"{question.answer}</s>", add_special_tokens=False)["input_ids"]
-        ids += prompt + answer
-        labels += [IGNORE] * len(prompt) + answer
-        families += [question.family] * len(answer)
-    return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
-            "pixel_values": episode.pixels[:frames].float(), "families": families}
+            writer.frame()
+        else:
+            question = episode.questions[index]
+            writer.question(question.text, question.answer, question.family)
+    return writer.batch(episode.pixels[:frames])
