@@ -40,3 +40,33 @@ def test_full_cache_grows(tiny_model_dirs):
         session.add_frame(image)
         sizes.append(session.cache_bytes)
     assert sizes[-1] > 5 * sizes[4]
+
+
+def test_kept_share_follows_what_each_policy_keeps(tiny_model_dirs):
+    """The evidence measure the quality benchmark reports: all of it under `full`; under a window,
+    nothing of an early frame (past the sinks) and all of the newest one."""
+    spans = {}
+    sessions = {policy: session_for(tiny_model_dirs["llava-llama"], policy) for policy in ("full", "streaming")}
+    for policy, session in sessions.items():
+        for index, image in enumerate(frames(30)):
+            start = session.cache.tokens_seen
+            session.add_frame(image)
+            spans.setdefault(policy, []).append((start, session.cache.tokens_seen))
+    full, window = sessions["full"], sessions["streaming"]
+    assert full.cache.kept_share(spans["full"][2:4]) == 1.0
+    assert window.cache.kept_share(spans["streaming"][2:4]) == 0.0
+    assert window.cache.kept_share(spans["streaming"][-1:]) == 1.0
+    assert 0.0 < window.cache.kept_share(spans["streaming"]) < 1.0
+
+
+def test_score_tokens_matches_token_by_token_decoding(tiny_model_dirs):
+    """Scoring a chunk at once gives each position the logits one-token-at-a-time feeding gives."""
+    import torch
+    chunked, stepwise = (session_for(tiny_model_dirs["llava-llama"], "infmllm") for _ in range(2))
+    for session in (chunked, stepwise):
+        session.add_frame(frames(1)[0])
+    ids = chunked.tokenizer("what is in view ?", add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    rows = chunked.score_tokens(ids)
+    assert rows.shape == (ids.numel(), stepwise.model.config.get_text_config().vocab_size)
+    for k, token in enumerate(ids.tolist()):
+        torch.testing.assert_close(rows[k], stepwise.feed_token(token), rtol=1e-4, atol=1e-4)

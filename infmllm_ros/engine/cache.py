@@ -8,6 +8,7 @@ moves with. The model only sees the standard Cache interface; eviction runs betw
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,7 @@ class BoundedCache(Cache):
         self.next_position = 0
         self.tokens_seen = 0
         self.evictions = 0
+        self.eviction_seconds = 0.0   # time spent choosing survivors and re-indexing (benchmarks)
 
     @property
     def length(self) -> int:
@@ -123,12 +125,14 @@ class BoundedCache(Cache):
             return False
         if incoming > self.policy.chunk:
             raise ValueError(f"a forward of {incoming} tokens exceeds the eviction chunk ({self.policy.chunk})")
+        started = time.perf_counter()
         for layer in self.layers:
             keep = self.policy.keep_indices(layer.attention_mass, layer.length, layer.keys.shape[1])
             layer.keep(keep)
             layer.attention_mass = self.policy.after_eviction(layer.attention_mass)
         self._reindex()
         self.evictions += 1
+        self.eviction_seconds += time.perf_counter() - started
         return True
 
     def _reindex(self) -> None:
@@ -146,3 +150,17 @@ class BoundedCache(Cache):
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
+
+    def kept_share(self, spans: list[tuple[int, int]]) -> float:
+        """Share of the stream tokens in `spans` ([start, end) stream indices) still cached, averaged
+        over layers and KV heads: how much of some evidence (an object's frames) a policy kept."""
+        total = sum(end - start for start, end in spans)
+        if total <= 0 or self.length == 0:
+            return 0.0
+        kept = 0.0
+        for layer in self.layers:
+            inside = torch.zeros_like(layer.token_index, dtype=torch.bool)
+            for start, end in spans:
+                inside |= (layer.token_index >= start) & (layer.token_index < end)
+            kept += inside.sum(dim=-1).float().mean().item()
+        return kept / len(self.layers) / total

@@ -9,7 +9,7 @@ lets it evict between forwards and assign positions inside the cache.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generator, Iterator
 
 import numpy as np
@@ -135,7 +135,17 @@ class StreamingSession:
         """Append one token, as a decoding step does; returns the next-token logits."""
         return self._forward({"input_ids": torch.tensor([[token_id]])})[0]
 
-    def _forward(self, inputs: dict) -> tuple[torch.Tensor, bool]:
+    def score_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append token ids (1-D, at most one chunk) and return the logits after each of them (n, vocab).
+
+        What perplexity over an unbounded text stream needs: row i predicts the token after ids[i],
+        computed against the bounded cache exactly as a streaming answer would be.
+        """
+        if ids.ndim != 1 or ids.numel() == 0:
+            raise ValueError("score_tokens takes a non-empty 1-D tensor of token ids")
+        return self._forward({"input_ids": ids[None]}, every_position=True)[0]
+
+    def _forward(self, inputs: dict, every_position: bool = False) -> tuple[torch.Tensor, bool]:
         count = inputs["input_ids"].shape[-1]
         evicted = self.cache.make_room(count)
         layout, position_ids = self.positions.layout(inputs, self.cache.next_position, self._segment)
@@ -144,9 +154,9 @@ class StreamingSession:
         model_inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
         with torch.inference_mode(), collecting_attention_mass(self.cache):
             output = self.model(**model_inputs, position_ids=position_ids.to(self.device), cache=self.cache,
-                                use_cache=True, logits_to_keep=1)
+                                use_cache=True, logits_to_keep=0 if every_position else 1)
         self.cache.next_position = int(position_ids.max()) + 1
-        return output.logits[0, -1], evicted
+        return (output.logits[0] if every_position else output.logits[0, -1]), evicted
 
     # ---- asking ----------------------------------------------------------------------------
 
