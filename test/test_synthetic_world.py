@@ -178,6 +178,7 @@ def test_recent_and_long_answers_follow_the_world_state(episodes, questions):
                 gone = sorted((o for o in ep.objects if o.t_exit <= q.t), key=lambda o: o.t_exit)
                 assert f"{gone[-1].colour} {gone[-1].shape}" == q.answer
                 assert RECENT_AFTER_S[0] <= q.t - gone[-1].t_exit <= RECENT_AFTER_S[1]
+                assert q.evidence == (gone[-1].t_enter, gone[-1].t_exit)
             elif q.family == "long":
                 seen = [o for o in ep.objects if o.t_enter < q.t]
                 key = "shape" if q.kind == "colour_of_shape_earlier" else "colour"
@@ -186,6 +187,9 @@ def test_recent_and_long_answers_follow_the_world_state(episodes, questions):
                 assert getattr(target, "colour" if key == "shape" else "shape") == q.answer
                 assert target.t_exit <= q.t - LONG_GONE_S and target.t_enter >= q.t - LONG_WITHIN_S
                 assert all(s.id != target.id for s in ep.visible(q.t))
+                assert q.evidence == (target.t_enter, target.t_exit)
+            else:
+                assert q.evidence is None
 
 
 def test_corpus_covers_every_generated_string(questions):

@@ -65,6 +65,10 @@ class Question:
     text: str
     answer: str
     kind: str
+    #: (t_enter, t_exit) of the object the answer is about, for the memory families: where in the
+    #: stream the evidence lies, so benchmarks can ask whether a cache still holds it. None for
+    #: "current" (the evidence is the newest frame).
+    evidence: tuple[float, float] | None = None
 
 
 class _Timeline:
@@ -107,8 +111,8 @@ class _Timeline:
             return "right"
         return None
 
-    def candidates(self, t: float) -> Iterator[tuple[str, str, str]]:
-        """Every unambiguous (kind, text, answer) at time t."""
+    def candidates(self, t: float) -> Iterator[tuple]:
+        """Every unambiguous (kind, text, answer[, evidence span]) at time t."""
         i = int(round(t / _DT))
         scene = self.settled(i)
         if scene is not None:  # also for "recent": a half-gone object would make it phase-dependent
@@ -137,7 +141,7 @@ class _Timeline:
         last = gone[-1]
         earlier_ok = len(gone) == 1 or gone[-2].t_exit <= last.t_exit - RECENT_CLEAR_S
         if earlier_ok and RECENT_AFTER_S[0] <= t - last.t_exit <= RECENT_AFTER_S[1]:
-            yield "last_left", TEMPLATES["last_left"], f"{last.colour} {last.shape}"
+            yield "last_left", TEMPLATES["last_left"], f"{last.colour} {last.shape}", (last.t_enter, last.t_exit)
 
     def _long(self, t: float) -> Iterator[tuple[str, str, str]]:
         # "Seen" counts anything that has started to enter: stricter than what the
@@ -150,10 +154,10 @@ class _Timeline:
                 continue
             if shapes[o.shape] == 1:
                 yield ("colour_of_shape_earlier",
-                       TEMPLATES["colour_of_shape_earlier"].format(shape=o.shape), o.colour)
+                       TEMPLATES["colour_of_shape_earlier"].format(shape=o.shape), o.colour, (o.t_enter, o.t_exit))
             if colours[o.colour] == 1:
                 yield ("shape_of_colour_earlier",
-                       TEMPLATES["shape_of_colour_earlier"].format(colour=o.colour), o.shape)
+                       TEMPLATES["shape_of_colour_earlier"].format(colour=o.colour), o.shape, (o.t_enter, o.t_exit))
 
 
 def _grid(start: float, end: float) -> Iterator[float]:
@@ -206,19 +210,19 @@ def generate_questions(episode: Episode, rng_or_seed: int | np.random.Generator,
     while slot < episode.duration_s:
         end = min(slot + spacing_s, episode.duration_s)
         start = max(slot, questions[-1].t + spacing_s / 2) if questions else slot
-        options: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+        options: dict[tuple[str, str], list[tuple]] = defaultdict(list)
         for t in _grid(start, end):
-            for kind, text, answer in timeline.candidates(t):
-                options[(kind, answer)].append((t, text))
+            for kind, text, answer, *evidence in timeline.candidates(t):
+                options[(kind, answer)].append((t, text, *evidence))
         if options:
             keys = sorted(options)  # a fixed order, so the same rng draws pick the same one
             scores = [_overdue(k, used) for k in keys]
             ties = [k for k, score in zip(keys, scores) if score == min(scores)]
             key = ties[int(rng.integers(len(ties)))]
-            t, text = options[key][int(rng.integers(len(options[key])))]
+            t, text, *evidence = options[key][int(rng.integers(len(options[key])))]
             family = FAMILY_OF_KIND[key[0]]
             used.update([family, key])
-            questions.append(Question(t, family, text, key[1], key[0]))
+            questions.append(Question(t, family, text, key[1], key[0], evidence[0] if evidence else None))
         slot = end
     return questions
 
