@@ -3,6 +3,10 @@
 Each episode is streamed as a robot would see it: one frame per second, the questions asked at
 their times in between, answers kept in the cache (multi-round). Exact match after lower-casing
 and trimming. Seeds below 90,000 were never used for training (see tiny_model/train.py).
+
+Beside accuracy it records, for the memory families, how much of the evidence (the tokens of the
+frames showing the object asked about) the cache still holds when the question comes: a measure
+of what a policy keeps that does not depend on how well the model reads it.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -23,32 +27,72 @@ class EvalResult:
     correct: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FAMILIES})
     total: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FAMILIES})
     mistakes: list[dict] = field(default_factory=list)
+    evidence_kept: dict[str, list[float]] = field(default_factory=lambda: {f: [] for f in FAMILIES})
+    answers: list[dict] = field(default_factory=list)   # {seed, t, question, total_s, ttft_s}
 
     def accuracy(self) -> dict[str, float]:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
 
+    def mean_evidence_kept(self) -> dict[str, float]:
+        """Mean share of the evidence tokens still cached at question time, per memory family."""
+        return {f: sum(v) / len(v) if v else float("nan") for f, v in self.evidence_kept.items()}
 
-def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult) -> None:
+
+@dataclass
+class _FrameSpans:
+    """Stream token indices of each fed frame, to locate a question's evidence in the cache."""
+
+    stamps: list[float] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def within(self, start_s: float, end_s: float) -> list[tuple[int, int]]:
+        return [span for stamp, span in zip(self.stamps, self.spans) if start_s <= stamp <= end_s]
+
+
+def frame_times(duration_s: float) -> list[float]:
+    """When the model sees a frame: mid-way through each feed period."""
+    return [(k + 0.5) / FEED_RATE_HZ for k in range(int(duration_s * FEED_RATE_HZ))]
+
+
+def render_episode(seed: int, duration_s: float) -> list:
+    """The frames evaluate_episode would render, for callers that stream one episode many times."""
+    episode = generate_episode(seed, duration_s)
+    return [episode.render(t) for t in frame_times(duration_s)]
+
+
+def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
+                     rendered: list | None = None) -> None:
+    """Stream one episode into `session` (from an empty cache) and score its questions into `result`."""
     episode = generate_episode(seed, duration_s)
     questions = sorted(generate_questions(episode, seed), key=lambda q: q.t)
     session.reset()
-    frame_times = [(k + 0.5) / FEED_RATE_HZ for k in range(int(duration_s * FEED_RATE_HZ))]
     pending = iter(questions)
     question = next(pending, None)
-    for t in frame_times:
+    frames = _FrameSpans()
+    for k, t in enumerate(frame_times(duration_s)):
         while question is not None and question.t < t:
-            ask(session, question, seed, result)
+            ask(session, question, seed, result, frames)
             question = next(pending, None)
-        session.add_frame(episode.render(t), stamp=t)
+        start = session.cache.tokens_seen
+        session.add_frame(rendered[k] if rendered is not None else episode.render(t), stamp=t)
+        frames.stamps.append(t)
+        frames.spans.append((start, session.cache.tokens_seen))
     while question is not None:
-        ask(session, question, seed, result)
+        ask(session, question, seed, result, frames)
         question = next(pending, None)
 
 
-def ask(session, question, seed, result: EvalResult) -> None:
+def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None = None) -> None:
     if session.frames_seen == 0:
         return
-    answer = session.ask(question.text).text.strip().lower()
+    if frames is not None and question.evidence is not None:
+        spans = frames.within(*question.evidence)
+        if spans:
+            result.evidence_kept[question.family].append(session.cache.kept_share(spans))
+    reply = session.ask(question.text)
+    result.answers.append({"seed": seed, "t": question.t, "question": question.text, "total_s": reply.total_s,
+                           "ttft_s": reply.ttft_s})
+    answer = reply.text.strip().lower()
     result.total[question.family] += 1
     if answer == question.answer:
         result.correct[question.family] += 1
