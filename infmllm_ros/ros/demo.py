@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -56,7 +57,11 @@ def demo_environ() -> dict[str, str]:
 
 
 class AnswerListener:
-    """~/answer_info and ~/stats of the node, collected on an executor thread of our own."""
+    """~/answer_info, ~/stats and ~/query of the node, collected on an executor thread of our own.
+
+    Queries are heard too, so an answer's latency can be timed as another node sees it: from the
+    query's arrival to the answer's, both over DDS.
+    """
 
     def __init__(self) -> None:
         import rclpy
@@ -68,11 +73,28 @@ class AnswerListener:
         self.node = rclpy.create_node("infmllm_demo")
         self.infos: queue.Queue[dict] = queue.Queue()
         self.stats_seen = threading.Event()
+        self.last_stats: dict | None = None
+        self.query_heard: dict[str, float] = {}   # query id -> time.monotonic() of its arrival here
         reliable = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE)
-        self.node.create_subscription(String, f"/{NODE_NAME}/answer_info",
-                                      lambda msg: self.infos.put(json.loads(msg.data)), reliable)
-        self.node.create_subscription(String, f"/{NODE_NAME}/stats", lambda msg: self.stats_seen.set(), 10)
+        self.node.create_subscription(String, f"/{NODE_NAME}/answer_info", self._on_info, reliable)
+        self.node.create_subscription(String, f"/{NODE_NAME}/stats", self._on_stats, 10)
+        self.node.create_subscription(String, NODE_QUERY_TOPIC, self._on_query, reliable)
         self._spin = BackgroundSpin(self.node)
+
+    def _on_info(self, msg) -> None:
+        info = json.loads(msg.data)
+        info["heard_at"] = time.monotonic()
+        self.infos.put(info)
+
+    def _on_stats(self, msg) -> None:
+        self.last_stats = json.loads(msg.data)
+        self.stats_seen.set()
+
+    def _on_query(self, msg) -> None:
+        try:
+            self.query_heard.setdefault(str(json.loads(msg.data)["id"]), time.monotonic())
+        except (ValueError, KeyError, TypeError):
+            pass   # not one of ours; the node reports malformed queries itself
 
     def close(self) -> None:
         self._spin.stop()
@@ -124,6 +146,77 @@ def stop(process: subprocess.Popen | None, timeout: float = 20.0) -> None:
         process.wait()
 
 
+@dataclass
+class NodeRun:
+    """What one node-on-a-bag run produced."""
+
+    questions: list[dict]
+    infos: dict[str, dict] = field(default_factory=dict)
+    correct: set[str] = field(default_factory=set)
+    query_heard: dict[str, float] = field(default_factory=dict)
+    last_stats: dict | None = None
+    ok: bool = False
+
+
+def run_node_on_bag(bag: Path, rate: float = 1.0, model_path: str = "", params: Path | None = None,
+                    grace: float = 30.0, show: bool = True, replay_progress: bool = False) -> NodeRun:
+    """Start the node, replay the bag into it, collect every answer (or until `grace` runs out)."""
+    questions = ensure_bag(bag)
+    expected = {q["id"]: q for q in questions}
+    env = demo_environ()
+    os.environ.update(env)  # our own listener joins the same domain
+    print(f"demo: {len(questions)} questions over {bag} at rate {rate:g}, ROS_DOMAIN_ID "
+          f"{env['ROS_DOMAIN_ID']}", flush=True)
+    node_command = [sys.executable, "-m", "infmllm_ros.ros.run", "--params", str(params or default_params_file()),
+                    "--ros-args", "-p", "image_topics:=[]", "-p", f"compressed_image_topics:=[{IMAGE_TOPIC}]",
+                    "-p", f"frame_rate_hz:={float(FEED_RATE_HZ * rate)}"]
+    if model_path:
+        node_command += ["-p", f"model_path:={model_path}"]
+    replay_command = [sys.executable, "-m", "infmllm_ros.ros.replay", str(bag), "--rate", str(rate),
+                      "--remap", f"{QUERY_TOPIC}:={NODE_QUERY_TOPIC}", "--wait-for-subscribers", "20"]
+    if not replay_progress:
+        replay_command.append("--no-progress")
+
+    listener = AnswerListener()
+    run = NodeRun(questions=questions)
+    node = replay = None
+
+    def drain(timeout: float) -> None:
+        try:
+            info = listener.infos.get(timeout=timeout)
+        except queue.Empty:
+            return
+        run.infos[info["id"]] = info
+        question = expected.get(info["id"])
+        correct = print_answer(info, question) if show else (
+            question is not None and info["status"] == "ok" and is_correct(info["answer"], question["answer"]))
+        if correct:
+            run.correct.add(info["id"])
+
+    try:
+        node = subprocess.Popen(node_command, env=env)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not listener.stats_seen.wait(0.2):
+            if node.poll() is not None or time.monotonic() > deadline:
+                print(f"demo: the node did not start (exit code {node.poll()})", file=sys.stderr)
+                return run
+        replay = subprocess.Popen(replay_command, env=env)
+        while replay.poll() is None:
+            drain(0.2)
+        deadline = time.monotonic() + grace
+        while len(set(run.infos) & set(expected)) < len(expected) and time.monotonic() < deadline:
+            drain(0.2)
+        time.sleep(1.5)   # one more ~/stats period, so the last counters include the end of the bag
+        run.ok = True
+        return run
+    finally:
+        stop(replay)
+        stop(node)
+        run.last_stats = listener.last_stats
+        run.query_heard = dict(listener.query_heard)
+        listener.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bag", type=Path, default=Path(DEFAULT_OUT), help="rosbag2 directory with questions.json")
@@ -134,58 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rate <= 0:
         parser.error("--rate must be positive")
-
-    questions = ensure_bag(args.bag)
-    expected = {q["id"]: q for q in questions}
-    env = demo_environ()
-    os.environ.update(env)  # our own listener joins the same domain
-    print(f"demo: {len(questions)} questions over {args.bag} at rate {args.rate:g}, ROS_DOMAIN_ID "
-          f"{env['ROS_DOMAIN_ID']}", flush=True)
-    node_command = [sys.executable, "-m", "infmllm_ros.ros.run", "--params", str(args.params), "--ros-args",
-                    "-p", "image_topics:=[]", "-p", f"compressed_image_topics:=[{IMAGE_TOPIC}]",
-                    "-p", f"frame_rate_hz:={float(FEED_RATE_HZ * args.rate)}"]
-    if args.model_path:
-        node_command += ["-p", f"model_path:={args.model_path}"]
-    replay_command = [sys.executable, "-m", "infmllm_ros.ros.replay", str(args.bag), "--rate", str(args.rate),
-                      "--remap", f"{QUERY_TOPIC}:={NODE_QUERY_TOPIC}", "--wait-for-subscribers", "20",
-                      "--no-progress"]
-
-    listener = AnswerListener()
-    node = replay = None
-    infos: dict[str, dict] = {}
-    correct: set[str] = set()
-
-    def drain(timeout: float) -> None:
-        try:
-            info = listener.infos.get(timeout=timeout)
-        except queue.Empty:
-            return
-        infos[info["id"]] = info
-        if print_answer(info, expected.get(info["id"])):
-            correct.add(info["id"])
-
     try:
-        node = subprocess.Popen(node_command, env=env)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not listener.stats_seen.wait(0.2):
-            if node.poll() is not None or time.monotonic() > deadline:
-                print(f"demo: the node did not start (exit code {node.poll()})", file=sys.stderr)
-                return 1
-        replay = subprocess.Popen(replay_command, env=env)
-        while replay.poll() is None:
-            drain(0.2)
-        deadline = time.monotonic() + args.grace
-        while len(set(infos) & set(expected)) < len(expected) and time.monotonic() < deadline:
-            drain(0.2)
-        print(summary_line(questions, infos, correct), flush=True)
-        return 0
+        run = run_node_on_bag(args.bag, args.rate, args.model_path, args.params, args.grace)
     except KeyboardInterrupt:
         print("demo: interrupted", file=sys.stderr)
         return 130
-    finally:
-        stop(replay)
-        stop(node)
-        listener.close()
+    if not run.ok:
+        return 1
+    print(summary_line(run.questions, run.infos, run.correct), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
