@@ -2,6 +2,7 @@
 #   make setup   create .venv and install everything (a quick no-op when nothing changed)
 #   make test    setup, then the whole test suite
 #   make demo    setup, then the main job on the embedded default model and the demo bag
+#   make bench   setup, then every benchmark suite (~40 min on 2 cores; tables, JSON, PNG in bench/results)
 # On a robot with a system ROS 2, build with colcon instead (README); this Makefile then reuses
 # the system rclpy and never pip-installs ROS.
 
@@ -13,7 +14,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH  := torch==2.13.0
 DEMO_BAG := data/demo_bag
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo bench clean
 
 setup: $(VENV)/.installed $(DEMO_BAG)/params.json
 
@@ -37,6 +38,9 @@ test: setup
 
 demo: setup
 	$(PY) -m infmllm_ros.ros.demo
+
+bench: setup
+	$(VENV)/bin/infmllm-bench --suite all
 
 clean:
 	rm -rf $(VENV) build *.egg-info

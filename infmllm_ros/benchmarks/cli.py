@@ -1,52 +1,164 @@
-"""`infmllm-bench`: measure the engine. `--quick` is the small run CI smoke-tests."""
+"""`infmllm-bench`: measure every cache policy side by side, in one run on one machine.
+
+Suites (each prints a markdown table and writes bench/results/<suite>[_quick].json and .png):
+scale, quality, overhead, text, node, quant; `all` runs the first five, in that order, with one
+progress bar. `--quick` is the small size CI smoke-tests; without it, `all` takes about 40 min
+on a 2-core CPU.
+"""
 
 from __future__ import annotations
 
 import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
 
 from infmllm_ros.models import embedded_model_path
 
-from pathlib import Path
-
+from .node_e2e import run_node_e2e
+from .overhead import run_overhead
+from .quality import BUDGET_SHARES, run_quality
 from .quant import run_quant
 from .report import RESULTS_DIR, bar_plot, line_plot, markdown_table, write_json
-from .scale import POLICIES, run_scale
+from .scale import METRICS, POLICIES, ratios, run_scale
+from .text_stream import VARIANTS, run_text
+
+SUITES = ("scale", "quality", "overhead", "text", "node", "quant")
+ALL = ("scale", "quality", "overhead", "text", "node")
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or
+            platform.machine(), "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+class Suite:
+    """One suite's run: its name, size, output folder and what it writes."""
+
+    def __init__(self, name: str, args) -> None:
+        self.name, self.args = name, args
+        self.quick = args.quick
+        self.out = Path(args.out)
+        self.file = f"{name}_quick" if args.quick else name
+        self.started = time.perf_counter()
+
+    def table(self, title: str, rows, columns) -> None:
+        print(f"\n## {title}\n\n{markdown_table(rows, columns)}", flush=True)
+
+    def save(self, payload: dict) -> None:
+        payload.update(suite=self.name, quick=self.quick, machine=machine(), command=" ".join(sys.argv),
+                       elapsed_s=round(time.perf_counter() - self.started, 1))
+        print(f"\njson: {write_json(self.file, payload, self.out)}", flush=True)
+
+    def plot(self, path: Path) -> None:
+        print(f"plot: {path}", flush=True)
+
+
+def scale_suite(suite: Suite, model_path: str, args, overrides: dict | None = None) -> None:
+    checkpoints = [16, 100, 128] if suite.quick else [16, 100, 300, 1000, 3600]
+    rows = run_scale(model_path, checkpoints, args.budget, args.recent, args.policies, args.full_max_frames,
+                     overrides)
+    columns = ["policy", "frames", *METRICS] + (["gpu_peak_mb"] if any("gpu_peak_mb" in r for r in rows) else [])
+    suite.table(f"Scale: budget {args.budget} tokens/layer, recent {args.recent}", rows, columns)
+    ratio_rows = ratios(rows)
+    suite.table("Scale: each figure at the last checkpoint / at 100 frames", ratio_rows, ["policy", "frames", *METRICS])
+    suite.save({"rows": rows, "ratios": ratio_rows, "budget": args.budget, "recent": args.recent,
+                "full_max_frames": args.full_max_frames, "overrides": overrides or {}})
+    suite.plot(line_plot(suite.file, rows, "frames", ["cache_mb", "peak_rss_mb", "ingest_ms", "ttft_ms", "decode_ms"],
+                         "policy", suite.out))
+
+
+def quality_suite(suite: Suite, model_path: str, args) -> None:
+    episodes, duration, shares = (1, 60.0, (0.25,)) if suite.quick else (args.episodes, 600.0, BUDGET_SHARES)
+    rows = run_quality(model_path, episodes, duration, shares)
+    suite.table(f"Quality: {episodes} held-out episodes of {duration:.0f} s, accuracy and evidence kept (%)", rows,
+                ["policy", "share", "budget", "acc_current", "acc_recent", "acc_long", "kept_recent", "kept_long",
+                 "n_current", "n_recent", "n_long"])
+    suite.save({"rows": rows, "episodes": episodes, "duration_s": duration})
+    bounded = [row for row in rows if row["policy"] != "full"]
+    suite.plot(line_plot(suite.file, bounded, "budget", ["acc_recent", "acc_long", "kept_recent", "kept_long"],
+                         "policy", suite.out, logx=False))
+
+
+def overhead_suite(suite: Suite, model_path: str, args, overrides: dict | None = None) -> None:
+    frames, steps, lengths = (60, 100, [1024, 4096]) if suite.quick else (600, 1000, [1024, 4096, 16384, 65536])
+    step_rows, select_rows = run_overhead(model_path, frames, steps, args.budget, args.recent, lengths, overrides)
+    suite.table(f"Overhead per step: {frames} frames then {steps} decoding steps, budget {args.budget}", step_rows,
+                ["config", "frame_ms", "frame_evict_ms", "token_ms", "token_evict_ms", "cache_tokens"])
+    suite.table(f"Overhead: one selection (keep_indices) down to budget {args.budget}", select_rows,
+                ["policy", "cache_length", "select_us"])
+    suite.save({"steps": step_rows, "selection": select_rows, "budget": args.budget, "overrides": overrides or {}})
+    suite.plot(bar_plot(suite.file, step_rows, "config", ["frame_ms", "token_ms", "token_evict_ms"], suite.out))
+    suite.plot(line_plot(f"{suite.file}_selection", select_rows, "cache_length", ["select_us"], "policy", suite.out))
+
+
+def text_suite(suite: Suite, model_path: str, args) -> None:
+    total, full_max = (4096, 4096) if suite.quick else (args.text_tokens, args.full_max_tokens)
+    rows = run_text(model_path, total, 1024, 256, full_max)
+    suite.table(f"Text stream: answer-token perplexity by position, {total:,} tokens, budget 1024 "
+                f"(full up to {full_max:,})", rows, ["variant", "from", "to", "ppl", "cache_tokens"])
+    suite.save({"rows": rows, "tokens": total, "full_max_tokens": full_max, "variants": list(VARIANTS)})
+    suite.plot(line_plot(suite.file, rows, "to", ["ppl"], "variant", suite.out))
+
+
+def node_suite(suite: Suite, model_path: str, args) -> None:
+    duration = 20.0 if suite.quick else 600.0
+    row = run_node_e2e(duration, Path(args.cache_dir) / f"node_bag_{duration:.0f}s_30hz")
+    suite.table(f"Node end to end: {duration:.0f} s bag at 30 Hz into the node over DDS", [row], list(row))
+    suite.save({"row": row})
+    bars = [{"measure": name, **{f"p{q}_ms": row[f"{name}_p{q}_ms"] for q in (50, 95, 99)}}
+            for name in ("observed", "node", "engine")]
+    suite.plot(bar_plot(suite.file, bars, "measure", ["p50_ms", "p95_ms", "p99_ms"], suite.out))
+
+
+def quant_suite(suite: Suite, model_path: str, args) -> None:
+    episodes, duration = (2, 32.0) if suite.quick else (10, 64.0)
+    rows = run_quant(model_path, episodes, duration)
+    suite.table(f"Quantization: {episodes} held-out episodes of {duration:.0f} s", rows,
+                ["mode", "model_mb", "ingest_ms", "decode_ms", "acc_current", "acc_recent", "acc_long", "error"])
+    suite.save({"rows": rows})
+    measured = [row for row in rows if "error" not in row]
+    suite.plot(bar_plot(suite.file, measured, "mode", ["model_mb", "decode_ms", "acc_current"], suite.out))
+
+
+RUNNERS = {"scale": scale_suite, "quality": quality_suite, "overhead": overhead_suite, "text": text_suite,
+           "node": node_suite, "quant": quant_suite}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=[*SUITES, "all"], default="all")
+    p.add_argument("--quick", action="store_true", help="the small size CI smoke-tests")
+    p.add_argument("--model-path", default=None, help="model directory (default: the embedded model)")
+    p.add_argument("--budget", type=int, default=512, help="cache tokens per layer (scale, overhead)")
+    p.add_argument("--recent", type=int, default=128, help="recent window (scale, overhead)")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES, help="scale suite policies")
+    p.add_argument("--full-max-frames", type=int, default=3600, help="scale: stop `full` here")
+    p.add_argument("--episodes", type=int, default=3, help="quality: 10-minute episodes")
+    p.add_argument("--text-tokens", type=int, default=1_048_576, help="text: tokens streamed")
+    p.add_argument("--full-max-tokens", type=int, default=32_768, help="text: stop `full` here")
+    p.add_argument("--out", default=str(RESULTS_DIR))
+    p.add_argument("--cache-dir", default="bench/cache", help="generated bags")
+    return p
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=["scale", "quant"], default="scale")
-    parser.add_argument("--quick", action="store_true", help="the small size CI smoke-tests")
-    parser.add_argument("--model-path", default=None, help="model directory (default: the embedded model)")
-    parser.add_argument("--budget", type=int, default=512, help="cache tokens per layer for bounded policies")
-    parser.add_argument("--recent", type=int, default=128)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    parser.add_argument("--out", default=str(RESULTS_DIR))
-    args = parser.parse_args(argv)
-
+    args = parser().parse_args(argv)
     model_path = args.model_path or str(embedded_model_path())
-    if args.suite == "quant":
-        return quant_suite(model_path, args)
-    checkpoints = [64, 256, 1024] if args.quick else [16, 100, 300, 1000, 3600]
-    rows = run_scale(model_path, checkpoints, args.budget, args.recent, args.policies)
-    print(f"\n## Scale: budget {args.budget} tokens/layer, model {model_path}\n")
-    print(markdown_table(rows, ["policy", "frames", "cache_tokens", "cache_mb", "ingest_ms"]))
-    name = "scale_quick" if args.quick else "scale"
-    write_json(name, rows, Path(args.out))
-    print(f"\nplot: {line_plot(name, rows, 'frames', ['cache_tokens', 'cache_mb', 'ingest_ms'], 'policy', Path(args.out))}")
-    return 0
-
-
-def quant_suite(model_path: str, args) -> int:
-    episodes, duration = (2, 32.0) if args.quick else (10, 64.0)
-    rows = run_quant(model_path, episodes, duration)
-    print(f"\n## Quantization: {episodes} held-out episodes of {duration:.0f} s, model {model_path}\n")
-    print(markdown_table(rows, ["mode", "model_mb", "ingest_ms", "decode_ms", "acc_current", "acc_recent",
-                                "acc_long", "error"]))
-    name = "quant_quick" if args.quick else "quant"
-    write_json(name, rows, Path(args.out))
-    measured = [row for row in rows if "error" not in row]
-    print(f"\nplot: {bar_plot(name, measured, 'mode', ['model_mb', 'decode_ms', 'acc_current'], Path(args.out))}")
+    names = ALL if args.suite == "all" else (args.suite,)
+    elapsed = {}
+    for name in tqdm(names, desc="suites", unit="suite", disable=len(names) == 1):
+        suite = Suite(name, args)
+        RUNNERS[name](suite, model_path, args)
+        elapsed[name] = time.perf_counter() - suite.started
+    if len(names) > 1:
+        print("\n## Time per suite\n\n" + markdown_table([{"suite": k, "seconds": v} for k, v in elapsed.items()],
+                                                        ["suite", "seconds"]))
     return 0
 
 

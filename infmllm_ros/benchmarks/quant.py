@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 from tqdm import tqdm
@@ -12,6 +11,7 @@ from infmllm_ros.engine.loading import ModelLoadError
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 from infmllm_ros.evaluation import EvalResult, evaluate_episode
 
+from .measure import decode_ms_per_token
 from .scale import stream_frames
 
 MODES = ("none", "cpu-int8", "nf4", "int8")
@@ -24,16 +24,6 @@ def model_megabytes(model: torch.nn.Module) -> float:
         tensors = value if isinstance(value, (tuple, list)) else (value,)
         total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
     return total / 2**20
-
-
-def decode_ms_per_token(session: StreamingSession, steps: int = 32) -> float:
-    token = session.tokenizer.convert_tokens_to_ids("<q>") if "<q>" in session.tokenizer.get_vocab() else 0
-    timings = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        session.feed_token(token)
-        timings.append(time.perf_counter() - started)
-    return 1000 * statistics.median(timings)
 
 
 def run_quant(model_path, episodes: int, duration_s: float, frames: int = 64, modes=MODES):

@@ -1,0 +1,70 @@
+"""Small measurements the suites share: process memory, decode speed, a child process per run.
+
+Each run that reports process memory happens in a fresh child process, so one policy's peak
+resident set is not another's leftover (ru_maxrss only ever grows).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+from infmllm_ros.engine.session import SessionConfig, StreamingSession
+
+
+def rss_mb() -> float:
+    """Resident set size of this process now, in MiB (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * resource.getpagesize() / 2**20
+    except OSError:
+        return peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10   # bytes on macOS, KiB on Linux
+
+
+def synchronize(session: StreamingSession) -> None:
+    """Wait for queued GPU work, so a timer read after it measures the step (no-op on CPU)."""
+    if session.device.type == "cuda":
+        torch.cuda.synchronize(session.device)
+
+
+def gpu_peak_mb(session: StreamingSession) -> float | None:
+    """Peak CUDA memory allocated so far, in MiB; None on CPU."""
+    return torch.cuda.max_memory_allocated(session.device) / 2**20 if session.device.type == "cuda" else None
+
+
+def decode_ms_per_token(session: StreamingSession, steps: int = 16) -> float:
+    """Median cost of one decoding step (one token appended, next-token logits out)."""
+    vocab = session.tokenizer.get_vocab()
+    token = vocab.get("the", 0)
+    timings = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        session.feed_token(token)
+        synchronize(session)
+        timings.append(time.perf_counter() - started)
+    return 1000 * statistics.median(timings)
+
+
+def make_session(model_path, policy: str, budget: int, recent: int, **overrides) -> StreamingSession:
+    """A session under `policy`; `recent` is clipped so small budgets stay valid."""
+    recent = min(recent, max(budget // 2, 1))
+    return StreamingSession(SessionConfig(model_path=model_path, cache_policy=policy, cache_budget=budget,
+                                          recent_window=recent, **overrides))
+
+
+def in_child(function, *args):
+    """Run `function(*args)` in a fresh spawned process and return its result."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)

@@ -1,0 +1,68 @@
+"""Node end-to-end suite: a long 30 Hz camera bag replayed into the node over DDS, with timed queries.
+
+Three processes as on a robot (node, bag player, this observer). Reported: frames received, fed
+and dropped (the node feeds `frame_rate_hz` and drops the rest, by design), answer latency as the
+observer sees it (query heard on DDS -> answer heard on DDS) and as the node times it (query
+received -> answer published), and the ratio of node latency to engine-only latency: the same
+questions asked of a bare StreamingSession fed the same episode at the same rate, in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from infmllm_ros.engine.session import SessionConfig, StreamingSession
+from infmllm_ros.evaluation import EvalResult, evaluate_episode
+from infmllm_ros.ros.demo import run_node_on_bag
+from infmllm_ros.ros.parameters import defaults, session_settings
+from infmllm_ros.ros.run import NODE_NAME, default_params_file
+from infmllm_ros.ros.stats import percentile
+from infmllm_ros.synthetic.demo_bag import write_demo_bag
+
+BAG_SEED = 11
+BAG_RATE_HZ = 30.0
+
+
+def node_session_config(params: Path) -> SessionConfig:
+    """The SessionConfig the node builds from this params file, for the engine-only run."""
+    values = defaults()
+    values.update(yaml.safe_load(params.read_text())[NODE_NAME]["ros__parameters"])
+    return SessionConfig(**session_settings(values))
+
+
+def latency_summary(prefix: str, seconds: list[float]) -> dict:
+    return {f"{prefix}_p{q}_ms": 1000 * percentile(seconds, q) if seconds else float("nan") for q in (50, 95, 99)}
+
+
+def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, grace: float = 60.0) -> dict:
+    """One row: counters, latencies and the node/engine latency ratio."""
+    params = params or default_params_file()
+    write_demo_bag(bag_dir, seed=BAG_SEED, duration_s=duration_s, rate_hz=BAG_RATE_HZ)
+    run = run_node_on_bag(bag_dir, params=params, grace=grace, show=False, replay_progress=True)
+    if not run.ok:
+        raise RuntimeError("the node did not start; see its log above")
+    cameras = (run.last_stats or {}).get("cameras", {})
+    counts = {name: sum(camera.get(name, 0) for camera in cameras.values())
+              for name in ("received", "fed", "dropped", "bad")}
+    answered = [info for info in run.infos.values() if info["status"] == "ok"]
+    observed = [info["heard_at"] - run.query_heard[info["id"]] for info in answered if info["id"] in run.query_heard]
+    in_node = [info["latency_ms"] / 1000 for info in answered if info.get("latency_ms") is not None]
+
+    engine = StreamingSession(node_session_config(params))
+    result = EvalResult()
+    evaluate_episode(engine, BAG_SEED, duration_s, result)
+    engine_only = [answer["total_s"] for answer in result.answers]
+
+    row = {"bag_s": duration_s, "bag_hz": BAG_RATE_HZ, "frames_in_bag": int(duration_s * BAG_RATE_HZ), **counts,
+           "questions": len(run.questions), "answered": len(answered),
+           "refused_or_failed": len(run.infos) - len(answered),
+           "unanswered": len({q["id"] for q in run.questions} - set(run.infos)),
+           "accuracy": 100 * len(run.correct) / max(len(run.questions), 1)}
+    row.update(latency_summary("observed", observed))
+    row.update(latency_summary("node", in_node))
+    row.update(latency_summary("engine", engine_only))
+    row["node_over_engine_p50"] = row["node_p50_ms"] / row["engine_p50_ms"]
+    row["observed_over_engine_p50"] = row["observed_p50_ms"] / row["engine_p50_ms"]
+    return row

@@ -1,0 +1,93 @@
+"""`infmllm-bench --quick`, suite by suite: each runs end to end on the embedded model and writes a
+table, JSON and a PNG whose contents hold the structural bounds a real run must hold. Timings are
+measured, never asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from infmllm_ros.benchmarks.cli import main
+
+BUDGET, CHUNK = 512, 64
+
+
+def run_quick(suite: str, out) -> dict:
+    assert main(["--suite", suite, "--quick", "--out", str(out)]) == 0
+    payload = json.loads((out / f"{suite}_quick.json").read_text())
+    assert (out / f"{suite}_quick.png").stat().st_size > 1000
+    assert payload["suite"] == suite and payload["quick"] is True
+    return payload
+
+
+def test_scale_quick_bounded_policies_stay_flat_and_full_grows(tmp_path, capsys):
+    payload = run_quick("scale", tmp_path)
+    rows = payload["rows"]
+    assert {row["policy"] for row in rows} == {"full", "streaming", "h2o", "infmllm"}
+    for row in rows:
+        assert row["frames"] in (16, 100, 128)
+        if row["policy"] != "full":
+            assert row["cache_tokens"] <= BUDGET + CHUNK
+        assert row["peak_rss_mb"] >= row["rss_mb"] * 0.5 > 0
+        assert all(math.isfinite(row[key]) and row[key] > 0 for key in ("ingest_ms", "ttft_ms", "decode_ms"))
+    full = [row["cache_tokens"] for row in rows if row["policy"] == "full"]
+    assert full == sorted(full) and full[-1] > BUDGET + CHUNK
+    ratio = {row["policy"]: row for row in payload["ratios"]}
+    assert ratio["full"]["cache_tokens"] > 1.5 and ratio["infmllm"]["cache_tokens"] <= 1.0
+    assert "| policy | frames |" in capsys.readouterr().out
+
+
+def test_quality_quick_reports_accuracy_and_evidence_per_cell(tmp_path):
+    rows = run_quick("quality", tmp_path)["rows"]
+    assert [row["policy"] for row in rows] == ["full", "streaming", "h2o", "infmllm"]
+    full, *bounded = rows
+    assert full["kept_long"] == pytest.approx(100.0) and full["kept_recent"] == pytest.approx(100.0)
+    for row in rows:
+        assert row["n_current"] > 0 and row["n_recent"] > 0
+        for key in ("acc_current", "acc_recent", "kept_recent"):
+            assert 0.0 <= row[key] <= 100.0
+    for row in bounded:
+        assert row["budget"] == int(0.25 * row["stream_tokens"])
+
+
+def test_overhead_quick_measures_every_policy_and_per_token_eviction(tmp_path):
+    payload = run_quick("overhead", tmp_path)
+    steps = {row["config"]: row for row in payload["steps"]}
+    assert set(steps) == {"streaming", "h2o", "h2o per-token", "infmllm"}
+    assert steps["h2o per-token"]["cache_tokens"] <= BUDGET + 1
+    for row in steps.values():
+        assert row["cache_tokens"] <= BUDGET + CHUNK
+        assert row["token_evict_ms"] <= row["token_ms"] and row["frame_evict_ms"] <= row["frame_ms"]
+    assert {(r["policy"], r["cache_length"]) for r in payload["selection"]} == {
+        (p, n) for p in ("streaming", "h2o", "infmllm") for n in (1024, 4096)}
+
+
+def test_text_quick_scores_every_variant_over_position(tmp_path):
+    rows = run_quick("text", tmp_path)["rows"]
+    variants = {row["variant"] for row in rows}
+    assert variants == {"full", "window (no sinks)", "streaming", "infmllm"}
+    for row in rows:
+        assert 1.0 < row["ppl"] < 43.0 * 10   # vocabulary of 43 words: far above it means a scoring bug
+        if row["variant"] != "full":
+            assert row["cache_tokens"] <= 1024 + 256
+    assert max(row["to"] for row in rows) == 4096
+
+
+def test_node_quick_replays_a_30hz_bag_through_dds(tmp_path, ros_environ):
+    result = subprocess.run([sys.executable, "-m", "infmllm_ros.benchmarks.cli", "--suite", "node", "--quick",
+                             "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")],
+                            env=ros_environ, capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = json.loads((tmp_path / "out" / "node_quick.json").read_text())["row"]
+    assert row["frames_in_bag"] == 600
+    assert 0 < row["fed"] <= row["received"] <= row["frames_in_bag"]
+    assert row["dropped"] > 0   # 30 Hz in, 1 Hz fed: dropping is the design
+    assert row["answered"] + row["refused_or_failed"] + row["unanswered"] == row["questions"] > 0
+    assert row["answered"] > 0
+    for key in ("observed_p50_ms", "node_p50_ms", "engine_p50_ms"):
+        assert math.isfinite(row[key]) and row[key] > 0
+    assert "| bag_s |" in result.stdout
