@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.synthetic import FEED_RATE_HZ, generate_episode, generate_questions
