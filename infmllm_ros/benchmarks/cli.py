@@ -103,7 +103,7 @@ def text_suite(suite: Suite, model_path: str, args) -> None:
     suite.table(f"Text stream: answer-token perplexity by position, {total:,} tokens, budget 1024 "
                 f"(full up to {full_max:,})", rows, ["variant", "from", "to", "ppl", "cache_tokens"])
     suite.save({"rows": rows, "tokens": total, "full_max_tokens": full_max, "variants": list(VARIANTS)})
-    suite.plot(line_plot(suite.file, rows, "to", ["ppl"], "variant", suite.out))
+    suite.plot(line_plot(suite.file, rows, "to", ["ppl"], "variant", suite.out, logy=True))
 
 
 def node_suite(suite: Suite, model_path: str, args) -> None:

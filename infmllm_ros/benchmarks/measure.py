@@ -66,5 +66,9 @@ def make_session(model_path, policy: str, budget: int, recent: int, **overrides)
 
 def in_child(function, *args):
     """Run `function(*args)` in a fresh spawned process and return its result."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
         return pool.apply(function, args)
+    finally:
+        pool.close()   # close + join, not terminate: a terminated child leaks its semaphore
+        pool.join()

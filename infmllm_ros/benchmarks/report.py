@@ -25,7 +25,7 @@ def write_json(name: str, payload, directory: Path = RESULTS_DIR) -> Path:
 
 
 def line_plot(name: str, rows: Sequence[dict], x: str, ys: Sequence[str], group: str,
-              directory: Path = RESULTS_DIR, logx: bool = True) -> Path:
+              directory: Path = RESULTS_DIR, logx: bool = True, logy: bool = False) -> Path:
     """One panel per y metric, one line per group (e.g. per policy)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -41,6 +41,8 @@ def line_plot(name: str, rows: Sequence[dict], x: str, ys: Sequence[str], group:
         axis.set_ylabel(y)
         if logx:
             axis.set_xscale("log")
+        if logy:
+            axis.set_yscale("log")
         axis.grid(alpha=0.3)
     axes[0][0].legend()
     figure.tight_layout()
