@@ -44,17 +44,21 @@ def gpu_peak_mb(session: StreamingSession) -> float | None:
     return torch.cuda.max_memory_allocated(session.device) / 2**20 if session.device.type == "cuda" else None
 
 
-def decode_ms_per_token(session: StreamingSession, steps: int = 16) -> float:
-    """Median cost of one decoding step (one token appended, next-token logits out)."""
-    vocab = session.tokenizer.get_vocab()
-    token = vocab.get("the", 0)
+def decode_timings(session: StreamingSession, steps: int) -> list[float]:
+    """Seconds of each of `steps` decoding steps (one token appended, next-token logits out)."""
+    token = session.tokenizer.get_vocab().get("the", 0)
     timings = []
     for _ in range(steps):
         started = time.perf_counter()
         session.feed_token(token)
         synchronize(session)
         timings.append(time.perf_counter() - started)
-    return 1000 * statistics.median(timings)
+    return timings
+
+
+def decode_ms_per_token(session: StreamingSession, steps: int = 16) -> float:
+    """Median cost of one decoding step."""
+    return 1000 * statistics.median(decode_timings(session, steps))
 
 
 def make_session(model_path, policy: str, budget: int, recent: int, **overrides) -> StreamingSession:

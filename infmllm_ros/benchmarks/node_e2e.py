@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 from infmllm_ros.evaluation import EvalResult, evaluate_episode
 from infmllm_ros.ros.demo import run_node_on_bag
 from infmllm_ros.ros.parameters import defaults, session_settings
-from infmllm_ros.ros.run import NODE_NAME, default_params_file
+from infmllm_ros.ros.run import default_params_file, node_parameters
 from infmllm_ros.ros.stats import percentile
 from infmllm_ros.synthetic.demo_bag import write_demo_bag
 
@@ -28,7 +26,7 @@ BAG_RATE_HZ = 30.0
 def node_session_config(params: Path) -> SessionConfig:
     """The SessionConfig the node builds from this params file, for the engine-only run."""
     values = defaults()
-    values.update(yaml.safe_load(params.read_text())[NODE_NAME]["ros__parameters"])
+    values.update(node_parameters(params))
     return SessionConfig(**session_settings(values))
 
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from infmllm_ros.engine.policies import make_policy
 
-from .measure import make_session, synchronize
+from .measure import decode_timings, make_session, synchronize
 from .scale import stream_frames
 
 CONFIGS = ("streaming", "h2o", "h2o per-token", "infmllm")
@@ -38,14 +38,8 @@ def step_costs(model_path, config: str, frames: list, decode_steps: int, budget:
     if config.endswith("per-token"):
         # Evict one token per step from here on (H2O's schedule); frames need a chunk of >= 17.
         session.policy = session.cache.policy = dataclasses.replace(session.policy, chunk=1)
-    token = session.tokenizer.get_vocab().get("the", 0)
     evict_before = session.cache.eviction_seconds
-    timings = []
-    for _ in range(decode_steps):
-        step = time.perf_counter()
-        session.feed_token(token)
-        synchronize(session)
-        timings.append(time.perf_counter() - step)
+    timings = decode_timings(session, decode_steps)
     decode_evict_s = session.cache.eviction_seconds - evict_before
     return {"config": config, "frame_ms": 1000 * frame_s / len(frames),
             "frame_evict_ms": 1000 * frame_evict_s / len(frames),

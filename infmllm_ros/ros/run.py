@@ -33,21 +33,26 @@ def default_params_file() -> Path:
         return source
 
 
-def unknown_keys(path: Path) -> list[str]:
-    """Parameters in the node's sections of a params file that the node does not declare."""
+def node_parameters(path: Path) -> dict:
+    """The ros__parameters of the node's sections (`infmllm_node:` and `/**:`) of a params file, merged."""
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a ROS params file (expected `{NODE_NAME}: ros__parameters: ...`)")
     sections = [body for name, body in data.items() if str(name).lstrip("/") in (NODE_NAME, "**")]
     if not sections:
         raise ValueError(f"{path}: no `{NODE_NAME}:` (or `/**:`) section")
-    unknown = []
+    merged = {}
     for body in sections:
         params = (body or {}).get("ros__parameters")
         if not isinstance(params, dict):
             raise ValueError(f"{path}: the {NODE_NAME} section has no ros__parameters mapping")
-        unknown += [name for name in params if name not in BY_NAME and name != "use_sim_time"]
-    return unknown
+        merged.update(params)
+    return merged
+
+
+def unknown_keys(path: Path) -> list[str]:
+    """Parameters in the node's sections of a params file that the node does not declare."""
+    return [name for name in node_parameters(path) if name not in BY_NAME and name != "use_sim_time"]
 
 
 def node_arguments(params: Path, ros_args: Sequence[str]) -> list[str]:
