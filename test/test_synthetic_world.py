@@ -24,7 +24,8 @@ from infmllm_ros.synthetic import (
     possible_questions,
 )
 from infmllm_ros.synthetic import demo_bag
-from infmllm_ros.synthetic.questions import LONG_GONE_S, LONG_WITHIN_S, RECENT_AFTER_S
+from infmllm_ros.synthetic.questions import (DISTANT_GONE_S, DISTANT_WITHIN_S, LONG_GONE_S, LONG_WITHIN_S,
+                                             RECENT_AFTER_S)
 
 SEEDS = (0, 1, 2)
 DURATION_S = 150.0
@@ -157,8 +158,15 @@ def test_single_object_colour_and_side_from_pixels(episodes):
 # --- question families -------------------------------------------------------------------
 
 
-def test_every_family_and_kind_is_generated_and_well_formed(questions):
-    every = [q for qs in questions.values() for q in qs]
+@pytest.fixture(scope="module")
+def ten_minutes():
+    """One 10-minute episode and its questions: the only length that asks every family."""
+    episode = generate_episode(11, 600.0)
+    return episode, generate_questions(episode, 11)
+
+
+def test_every_family_and_kind_is_generated_and_well_formed(questions, ten_minutes):
+    every = [q for qs in questions.values() for q in qs] + ten_minutes[1]
     assert {q.family for q in every} == set(FAMILIES)
     assert {q.kind for q in every} == set(TEMPLATES)
     texts, answers = set(possible_questions()), set(possible_answers())
@@ -171,25 +179,29 @@ def test_every_family_and_kind_is_generated_and_well_formed(questions):
         assert q.answer in answers and 1 <= len(q.answer.split()) <= 2
 
 
-def test_recent_and_long_answers_follow_the_world_state(episodes, questions):
-    for seed, ep in episodes.items():
-        for q in questions[seed]:
-            if q.family == "recent":
-                gone = sorted((o for o in ep.objects if o.t_exit <= q.t), key=lambda o: o.t_exit)
-                assert f"{gone[-1].colour} {gone[-1].shape}" == q.answer
-                assert RECENT_AFTER_S[0] <= q.t - gone[-1].t_exit <= RECENT_AFTER_S[1]
-                assert q.evidence == (gone[-1].t_enter, gone[-1].t_exit)
-            elif q.family == "long":
-                seen = [o for o in ep.objects if o.t_enter < q.t]
-                key = "shape" if q.kind == "colour_of_shape_earlier" else "colour"
-                asked = q.text.split()[4]  # "what colour was the <shape> ..." or "... the <colour> ..."
-                (target,) = [o for o in seen if getattr(o, key) == asked]
-                assert getattr(target, "colour" if key == "shape" else "shape") == q.answer
-                assert target.t_exit <= q.t - LONG_GONE_S and target.t_enter >= q.t - LONG_WITHIN_S
-                assert all(s.id != target.id for s in ep.visible(q.t))
-                assert q.evidence == (target.t_enter, target.t_exit)
-            else:
-                assert q.evidence is None
+def test_recent_long_and_distant_answers_follow_the_world_state(episodes, questions, ten_minutes):
+    cases = [(ep, q) for seed, ep in episodes.items() for q in questions[seed]]
+    cases += [(ten_minutes[0], q) for q in ten_minutes[1]]
+    assert sum(q.family == "distant" for _, q in cases) >= 20
+    ranges = {"long": (LONG_GONE_S, LONG_WITHIN_S), "distant": (DISTANT_GONE_S, DISTANT_WITHIN_S)}
+    for ep, q in cases:
+        if q.family == "recent":
+            gone = sorted((o for o in ep.objects if o.t_exit <= q.t), key=lambda o: o.t_exit)
+            assert f"{gone[-1].colour} {gone[-1].shape}" == q.answer
+            assert RECENT_AFTER_S[0] <= q.t - gone[-1].t_exit <= RECENT_AFTER_S[1]
+            assert q.evidence == (gone[-1].t_enter, gone[-1].t_exit)
+        elif q.family in ranges:
+            seen = [o for o in ep.objects if o.t_enter < q.t]
+            key = "shape" if q.kind.startswith("colour_of_shape") else "colour"
+            asked = q.text.split()[4]  # "what colour was the <shape> ..." or "... the <colour> ..."
+            (target,) = [o for o in seen if getattr(o, key) == asked]
+            assert getattr(target, "colour" if key == "shape" else "shape") == q.answer
+            gone_s, within_s = ranges[q.family]
+            assert target.t_exit <= q.t - gone_s and target.t_enter >= q.t - within_s
+            assert all(s.id != target.id for s in ep.visible(q.t))
+            assert q.evidence == (target.t_enter, target.t_exit)
+        else:
+            assert q.evidence is None
 
 
 def test_corpus_covers_every_generated_string(questions):

@@ -1,8 +1,10 @@
 """Questions about a synthetic episode, with answers taken from the world state.
 
-Three families probe three memory ranges of a streaming model that is fed frames at
-FEED_RATE_HZ: what is in view now ("current"), what just left ("recent"), and an object
-seen once up to a minute ago ("long"). A question is asked only when its answer is
+Four families probe four memory ranges of a streaming model that is fed frames at
+FEED_RATE_HZ: what is in view now ("current"), what just left ("recent"), an object seen
+once up to a minute ago ("long"), and one seen once 2-8 minutes ago ("distant": its evidence
+lies outside the recent window of any budget the quality suite runs, so only a cache that
+keeps the right old tokens can answer it). A question is asked only when its answer is
 unambiguous for a model that saw the stream sampled at FEED_RATE_HZ with any phase, so a
 label is never a coin flip. Texts are short fixed templates with 1-2 word answers, so a
 tiny model can spend its capacity on seeing and remembering, not on language.
@@ -23,7 +25,7 @@ from .render import COLOURS, SHAPES, WIDTH
 from .world import Episode, WorldObject, fully_inside, generate_episode
 
 FEED_RATE_HZ = 1.0  # frames per second the model sees; the bag itself is 10 Hz
-FAMILIES: tuple[str, ...] = ("current", "recent", "long")
+FAMILIES: tuple[str, ...] = ("current", "recent", "long", "distant")
 COUNT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three")
 SIDES: tuple[str, ...] = ("left", "right")
 TEMPLATES: dict[str, str] = {
@@ -34,6 +36,9 @@ TEMPLATES: dict[str, str] = {
     "last_left": "what left the view most recently?",
     "colour_of_shape_earlier": "what colour was the {shape} seen earlier?",
     "shape_of_colour_earlier": "what shape was the {colour} object seen earlier?",
+    # The same words as the long-range kinds: only how far back the evidence lies differs.
+    "colour_of_shape_distant": "what colour was the {shape} seen earlier?",
+    "shape_of_colour_distant": "what shape was the {colour} object seen earlier?",
 }
 FAMILY_OF_KIND: dict[str, str] = {
     "colour_of_shape": "current",
@@ -43,12 +48,15 @@ FAMILY_OF_KIND: dict[str, str] = {
     "last_left": "recent",
     "colour_of_shape_earlier": "long",
     "shape_of_colour_earlier": "long",
+    "colour_of_shape_distant": "distant",
+    "shape_of_colour_distant": "distant",
 }
 SIDE_MARGIN_PX = 60.0  # "left"/"right" only for centres at least this far off the middle
 RECENT_AFTER_S = (2.0, 8.0)  # ask "what left" this long after it left
 RECENT_CLEAR_S = 2.0  # ...and only if the exit before it was this much earlier (two 1 Hz frames)
 LONG_GONE_S = 15.0  # a long-range target left at least this long before the question
 LONG_WITHIN_S = 60.0  # ...and entered at most this long before: inside a 64-frame context
+DISTANT_GONE_S, DISTANT_WITHIN_S = 120.0, 480.0  # distant: left >= 2 min and entered <= 8 min before
 DEFAULT_SPACING_S = 3.0
 _DT = 0.05  # s, resolution of the precomputed timeline
 # Question times sit halfway between 10 Hz frame stamps, so a query never shares a stamp
@@ -144,20 +152,26 @@ class _Timeline:
             yield "last_left", TEMPLATES["last_left"], f"{last.colour} {last.shape}", (last.t_enter, last.t_exit)
 
     def _long(self, t: float) -> Iterator[tuple[str, str, str]]:
+        yield from self._seen_once(t, LONG_GONE_S, LONG_WITHIN_S, "earlier")
+        yield from self._seen_once(t, DISTANT_GONE_S, DISTANT_WITHIN_S, "distant")
+
+    def _seen_once(self, t: float, gone_s: float, within_s: float, suffix: str) -> Iterator[tuple]:
+        """Objects whose colour or shape is unique in the whole stream so far, that left at least
+        gone_s and entered at most within_s before t."""
         # "Seen" counts anything that has started to enter: stricter than what the
         # model may have glimpsed, so a uniqueness claim can only err on the safe side.
         seen = [o for o in self.episode.objects if o.t_enter < t]
         shapes = Counter(o.shape for o in seen)
         colours = Counter(o.colour for o in seen)
         for o in seen:
-            if o.t_exit > t - LONG_GONE_S or o.t_enter < t - LONG_WITHIN_S:
+            if o.t_exit > t - gone_s or o.t_enter < t - within_s:
                 continue
             if shapes[o.shape] == 1:
-                yield ("colour_of_shape_earlier",
-                       TEMPLATES["colour_of_shape_earlier"].format(shape=o.shape), o.colour, (o.t_enter, o.t_exit))
+                kind = f"colour_of_shape_{suffix}"
+                yield kind, TEMPLATES[kind].format(shape=o.shape), o.colour, (o.t_enter, o.t_exit)
             if colours[o.colour] == 1:
-                yield ("shape_of_colour_earlier",
-                       TEMPLATES["shape_of_colour_earlier"].format(colour=o.colour), o.shape, (o.t_enter, o.t_exit))
+                kind = f"shape_of_colour_{suffix}"
+                yield kind, TEMPLATES[kind].format(colour=o.colour), o.shape, (o.t_enter, o.t_exit)
 
 
 def _grid(start: float, end: float) -> Iterator[float]:
@@ -177,6 +191,8 @@ _LABELS: dict[str, int] = {
     "last_left": 1,
     "colour_of_shape_earlier": len(COLOURS),
     "shape_of_colour_earlier": len(SHAPES),
+    "colour_of_shape_distant": len(COLOURS),
+    "shape_of_colour_distant": len(SHAPES),
 }
 _KINDS_IN_FAMILY = Counter(FAMILY_OF_KIND.values())
 
@@ -237,7 +253,7 @@ def possible_questions() -> list[str]:
     """Every question text the generator can produce (each template, every filling)."""
     values = {"colour": list(COLOURS), "shape": list(SHAPES)}
     texts = []
-    for template in TEMPLATES.values():
+    for template in dict.fromkeys(TEMPLATES.values()):
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
         for combo in itertools.product(*(values[f] for f in fields)):
             texts.append(template.format(**dict(zip(fields, combo))))
