@@ -13,13 +13,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm import tqdm
 
+from infmllm_ros.engine.adapters import PROMPT_FILE
+from infmllm_ros.engine.loading import ModelLoadError, resolve_model_path
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
-from infmllm_ros.synthetic import FAMILIES, FEED_RATE_HZ, generate_episode, generate_questions
+from infmllm_ros.synthetic import (FAMILIES, FEED_RATE_HZ, generate_episode, generate_questions, possible_answers,
+                                   possible_questions)
+from infmllm_ros.synthetic.questions import DEFAULT_SPACING_S
+
+
+def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion (well behaved near 0 and 1, unlike p +- 2 se)."""
+    if total == 0:
+        return float("nan"), float("nan")
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class NotEvaluable(ValueError):
+    """The model directory cannot be scored on the synthetic world (one-line reason)."""
+
+
+def check_evaluable(session: StreamingSession, model_dir: Path) -> None:
+    """The synthetic questions only mean something to a model trained on their format and words."""
+    if not (model_dir / PROMPT_FILE).is_file():
+        raise NotEvaluable(f"{model_dir} has no {PROMPT_FILE}: infmllm-eval scores models trained on the synthetic "
+                           "world (infmllm-train-tiny writes it)")
+    tokenizer = session.tokenizer
+    unknown = tokenizer.unk_token_id
+    vocabulary = session.model.get_input_embeddings().num_embeddings
+    for text in [*(session.prompt.question.format(question=q) for q in possible_questions()), *possible_answers()]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if (unknown is not None and unknown in ids) or max(ids, default=0) >= vocabulary:
+            raise NotEvaluable(f"the tokenizer in {model_dir} does not know the words of {text!r}: not the tokenizer "
+                               "the model was trained with on the synthetic world")
 
 
 @dataclass
@@ -61,10 +96,10 @@ def render_episode(seed: int, duration_s: float) -> list:
 
 
 def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
-                     rendered: list | None = None) -> None:
+                     rendered: list | None = None, spacing_s: float = DEFAULT_SPACING_S) -> None:
     """Stream one episode into `session` (from an empty cache) and score its questions into `result`."""
     episode = generate_episode(seed, duration_s)
-    questions = sorted(generate_questions(episode, seed), key=lambda q: q.t)
+    questions = sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t)
     session.reset()
     pending = iter(questions)
     question = next(pending, None)
@@ -110,17 +145,23 @@ def main(argv=None) -> int:
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--duration", type=float, default=64.0, help="seconds of camera time per episode")
     parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--spacing", type=float, default=DEFAULT_SPACING_S, help="seconds between questions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     if args.first_seed + args.episodes > 90_000:
         parser.error("seeds from 90,000 up are validation/training episodes")
 
-    session = StreamingSession(SessionConfig(model_path=args.model_path, cache_policy=args.policy,
-                                             cache_budget=args.budget, recent_window=args.recent))
+    try:
+        session = StreamingSession(SessionConfig(model_path=args.model_path, cache_policy=args.policy,
+                                                 cache_budget=args.budget, recent_window=args.recent))
+        check_evaluable(session, resolve_model_path(args.model_path))
+    except (ModelLoadError, NotEvaluable) as error:
+        print(f"infmllm-eval: {error}", file=sys.stderr)
+        return 2
     result = EvalResult()
     for seed in tqdm(range(args.first_seed, args.first_seed + args.episodes), desc="episodes",
                      unit="episode", disable=args.json):
-        evaluate_episode(session, seed, args.duration, result)
+        evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
     accuracy = result.accuracy()
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes,
@@ -129,9 +170,11 @@ def main(argv=None) -> int:
         print()
         return 0
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s\n")
-    print("| family | correct | total | accuracy |\n|---|---|---|---|")
+    print("| family | correct | total | accuracy | 95 % interval |\n|---|---|---|---|---|")
     for family in FAMILIES:
-        print(f"| {family} | {result.correct[family]} | {result.total[family]} | {100 * accuracy[family]:.1f} % |")
+        low, high = wilson_interval(result.correct[family], result.total[family])
+        print(f"| {family} | {result.correct[family]} | {result.total[family]} | {100 * accuracy[family]:.1f} % "
+              f"| {100 * low:.1f}-{100 * high:.1f} % |")
     return 0
 
 
