@@ -19,9 +19,11 @@ from infmllm_ros.engine.adapters import PROMPT_FILE
 
 IMAGE_SIZE = 64          # the camera frame is squashed to 64x64 (aspect not kept; consistent everywhere)
 PATCH_SIZE = 16          # -> 4x4 = 16 visual tokens per frame
-IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
-CONTEXT_FRAMES = 64      # frames per training sequence (64 s at 1 Hz)
-MAX_POSITIONS = 2048
+GRID = IMAGE_SIZE // PATCH_SIZE
+IMAGE_TOKENS = GRID ** 2
+#: positions the model is trained on (random offsets and gapped windows reach them): a 10-minute
+#: stream at 1 Hz with a question every 3 s is about 12,500 positions under the full cache
+MAX_POSITIONS = 16384
 
 SPECIAL_TOKENS = ["<unk>", "<pad>", "</s>", "<image>", "<frame>", "<q>", "<a>"]
 # The stream as text: "<frame>" then the frame's 16 image tokens; a question, then its answer

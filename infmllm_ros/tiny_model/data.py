@@ -1,143 +1,173 @@
-"""Training sequences from the synthetic world: frames at 1 Hz interleaved with questions.
+"""Training sequences cut from rendered streams: frames at 1 Hz interleaved with questions.
 
 A sequence is written exactly as the session will write a live stream (architecture.PROMPT):
 each frame is "<frame>" plus its visual tokens, each question "<q> ... <a>" followed by the
-answer and "</s>". Only answer tokens carry loss. Frames are rendered at camera resolution and
-passed through the model's own image processor, so training sees what inference sees.
+answer and "</s>". Only answer tokens carry loss.
+
+Three things here exist to make the model *remember* rather than guess:
+- a memory question is kept only if the window shows its evidence, and only its first asking
+  (question and answer) in a window: a repeated question could otherwise be answered by copying
+  the answer given a minute before, which teaches nothing about frames;
+- windows may have a gap: a few frames around an object, then frames minutes later, with the
+  position ids advanced as if the skipped minutes had been streamed. That is how a 1,500-token
+  sequence teaches retrieval over the 2,000-10,000 positions a 10-minute stream spans;
+- every window starts at a random position offset, so the model meets, in training, the absolute
+  and relative positions a long stream reaches (a Llama trained only on 0-2,047 degraded past it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from multiprocessing import Pool
-from pathlib import Path
+import random
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
-from PIL import Image
-from tqdm import tqdm
 
-from infmllm_ros.synthetic import COUNT_WORDS, FEED_RATE_HZ, TEMPLATES, WIDTH, Question, generate_episode, generate_questions
-from infmllm_ros.synthetic.questions import SIDE_MARGIN_PX
+from infmllm_ros.synthetic import FEED_RATE_HZ
 
-from .architecture import CONTEXT_FRAMES, IMAGE_TOKENS, PROMPT, build_processor
+from .architecture import IMAGE_TOKENS, MAX_POSITIONS, PROMPT
+from .streams import RenderedStream
 
 IGNORE = -100
-
-
-@dataclass
-class RenderedEpisode:
-    seed: int
-    frame_times: np.ndarray        # (F,) seconds
-    pixels: torch.Tensor           # (F, 3, H, W) float16, already normalised by the processor
-    questions: list[Question]
-
-
-def render_episode(args) -> RenderedEpisode:
-    seed, tokenizer, spacing_s = args
-    episode = generate_episode(seed, CONTEXT_FRAMES / FEED_RATE_HZ + 1.0)
-    phase = np.random.default_rng([seed, 99]).uniform(0.0, 1.0 / FEED_RATE_HZ)
-    times = phase + np.arange(CONTEXT_FRAMES) / FEED_RATE_HZ
-    processor = build_processor(tokenizer)
-    images = [Image.fromarray(episode.render(float(t))) for t in times]
-    pixels = processor.image_processor(images=images, return_tensors="pt")["pixel_values"].to(torch.float16)
-    return RenderedEpisode(seed, times, pixels, generate_questions(episode, seed, spacing_s=spacing_s))
-
-
-def render_episodes(seeds: list[int], tokenizer, workers: int = 2, desc: str = "rendering episodes",
-                    spacing_s: float = 3.0, cache_dir: Path | None = None) -> list[RenderedEpisode]:
-    """Render (or load from `cache_dir`, keyed by seed and spacing) every episode."""
-    cached = {}
-    if cache_dir is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        for seed in seeds:
-            path = cache_dir / f"{seed}_{spacing_s:g}.pt"
-            if path.exists():
-                cached[seed] = torch.load(path, weights_only=False)
-    todo = [seed for seed in seeds if seed not in cached]
-    with Pool(workers) as pool:
-        jobs = pool.imap(render_episode, [(seed, tokenizer, spacing_s) for seed in todo], chunksize=4)
-        for episode in tqdm(jobs, total=len(todo), desc=desc, unit="episode"):
-            cached[episode.seed] = episode
-            if cache_dir is not None:
-                torch.save(episode, cache_dir / f"{episode.seed}_{spacing_s:g}.pt")
-    return [cached[seed] for seed in seeds]
-
-
-def frame_questions(episode, t: float) -> list[tuple[str, str]]:
-    """Every current-scene question the single frame at t answers unambiguously.
-
-    Used for the first training stage: many answers per frame teach the vision tower to see
-    before the language model has to learn to remember.
-    """
-    visible = episode.visible(t)
-    if not all(state.fully_in_view for state in visible) or len(visible) >= len(COUNT_WORDS):
-        return []
-    probes = [(TEMPLATES["count"], COUNT_WORDS[len(visible)])]
-    shapes = [state.shape for state in visible]
-    colours = [state.colour for state in visible]
-    for state in visible:
-        if shapes.count(state.shape) == 1:
-            probes.append((TEMPLATES["colour_of_shape"].format(shape=state.shape), state.colour))
-        if colours.count(state.colour) == 1:
-            probes.append((TEMPLATES["shape_of_colour"].format(colour=state.colour), state.shape))
-        if abs(state.x - WIDTH / 2) >= SIDE_MARGIN_PX:
-            side = "left" if state.x < WIDTH / 2 else "right"
-            probes.append((TEMPLATES["side"].format(colour=state.colour, shape=state.shape), side))
-    return probes
+FRAME_TOKENS = IMAGE_TOKENS + 1
+#: positions a second of live stream takes: one frame plus, on average, a third of a question
+#: and answer (one every 3 s in evaluation and in the demo bag)
+TOKENS_PER_SECOND = FRAME_TOKENS + 4
+_REPEAT_CURRENT_S = 4.0  # a current-scene question is not asked again this soon
 
 
 class SequenceWriter:
-    """Token ids and loss labels of one training stream, written in architecture.PROMPT's format."""
+    """Token ids, position ids and loss labels of one training stream, in architecture.PROMPT's format."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, start_position: int = 0) -> None:
         self.tokenizer = tokenizer
         self.frame_ids = [tokenizer.convert_tokens_to_ids("<frame>")] + [
             tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
         self.ids: list[int] = []
         self.labels: list[int] = []
-        self.families: list[str] = []
+        self.positions: list[int] = []
+        self.families: list[str] = []   # one per answer (not per token)
+        self.next_position = start_position
+        self._prompts: dict[str, list[int]] = {}
+
+    def _append(self, ids: list[int], labels: list[int]) -> None:
+        self.ids += ids
+        self.labels += labels
+        self.positions += range(self.next_position, self.next_position + len(ids))
+        self.next_position += len(ids)
 
     def frame(self) -> None:
-        self.ids += self.frame_ids
-        self.labels += [IGNORE] * len(self.frame_ids)
+        self._append(self.frame_ids, [IGNORE] * len(self.frame_ids))
+
+    def skip(self, positions: int) -> None:
+        """Advance positions as if `positions` tokens had been streamed here."""
+        self.next_position += positions
 
     def question(self, text: str, answer: str, family: str) -> None:
         """The question carries no loss; its answer and the closing "</s>" do."""
-        prompt = self.tokenizer(PROMPT["question"].format(question=text), add_special_tokens=False)["input_ids"]
+        if text not in self._prompts:
+            self._prompts[text] = self.tokenizer(PROMPT["question"].format(question=text),
+                                                 add_special_tokens=False)["input_ids"]
+        prompt = self._prompts[text]
         target = self.tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
-        self.ids += prompt + target
-        self.labels += [IGNORE] * len(prompt) + target
-        self.families += [family] * len(target)
+        self._append(prompt + target, [IGNORE] * len(prompt) + target)
+        self.families.append(family)
 
-    def batch(self, pixels: torch.Tensor) -> dict:
+    def batch(self, features: torch.Tensor) -> dict:
         return {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
-                "pixel_values": pixels.float(), "families": self.families}
+                "position_ids": torch.tensor([self.positions]), "features": features,
+                "families": self.families}
 
 
-def build_probe_sequence(episode: RenderedEpisode, frame_indices: list[int], tokenizer, rng) -> dict:
-    """A few frames, each followed by all its current-scene questions (stage 1)."""
-    world = generate_episode(episode.seed, CONTEXT_FRAMES / FEED_RATE_HZ + 1.0)
-    writer = SequenceWriter(tokenizer)
-    for index in frame_indices:
-        writer.frame()
-        probes = frame_questions(world, float(episode.frame_times[index]))
-        rng.shuffle(probes)
-        for text, answer in probes:
-            writer.question(text, answer, "current")
-    return writer.batch(episode.pixels[frame_indices])
+@dataclass
+class Window:
+    """Which frames of a stream a sequence shows: contiguous runs [start, end) in time order."""
+
+    segments: list[tuple[int, int]]
+    start_position: int = 0
+    gap_scale: list[float] = field(default_factory=list)  # per gap: positions skipped / seconds skipped
+
+    @property
+    def frames(self) -> list[int]:
+        return [index for start, end in self.segments for index in range(start, end)]
 
 
-def build_sequence(episode: RenderedEpisode, frames: int, tokenizer) -> dict[str, torch.Tensor]:
-    """input_ids, labels, pixel_values and families for the first `frames` frames of an episode."""
-    last_time = episode.frame_times[frames - 1] + 1.0 / FEED_RATE_HZ
-    events = [(float(t), 0, index) for index, t in enumerate(episode.frame_times[:frames])]
-    events += [(q.t, 1, index) for index, q in enumerate(episode.questions) if q.t < last_time]
-    writer = SequenceWriter(tokenizer)
-    for _, kind, index in sorted(events):
-        if kind == 0:
+def build_sequence(stream: RenderedStream, window: Window, tokenizer) -> dict:
+    """input_ids, labels, position_ids, features and families of one window of a stream."""
+    times = stream.frame_times
+    shown = times[window.frames]
+    writer = SequenceWriter(tokenizer, window.start_position)
+    asked: set[tuple[str, str]] = set()
+    last_current: dict[str, float] = {}
+    pending = iter(stream.questions)
+    question = next(pending, None)
+    for number, (start, end) in enumerate(window.segments):
+        if number:
+            skipped_s = times[start] - times[window.segments[number - 1][1] - 1] - 1.0 / FEED_RATE_HZ
+            writer.skip(int(skipped_s * TOKENS_PER_SECOND * window.gap_scale[number - 1]))
+        segment_end = times[end - 1] + 1.0 / FEED_RATE_HZ
+        for index in range(start, end):
             writer.frame()
-        else:
-            question = episode.questions[index]
-            writer.question(question.text, question.answer, question.family)
-    return writer.batch(episode.pixels[:frames])
+            until = times[index + 1] if index + 1 < end else segment_end
+            while question is not None and question.t < until:
+                if question.t > times[index] and _answerable(question, shown, asked, last_current):
+                    writer.question(question.text, question.answer, question.family)
+                question = next(pending, None)
+        while question is not None and question.t < segment_end:   # questions of the skipped time
+            question = next(pending, None)
+    return writer.batch(stream.features[window.frames])
+
+
+def _answerable(question, shown, asked: set, last_current: dict) -> bool:
+    if question.family == "current":
+        if question.t - last_current.get(question.text, -1e9) < _REPEAT_CURRENT_S:
+            return False
+        last_current[question.text] = question.t
+        return True
+    key = (question.text, question.answer)
+    t_enter, t_exit = question.evidence
+    if key in asked or not ((shown >= t_enter) & (shown < t_exit)).any():
+        return False
+    asked.add(key)
+    return True
+
+
+def sample_window(stream: RenderedStream, rng: random.Random, frames: int, gapped: bool,
+                  offset_share: float = 0.5) -> Window:
+    """A window of about `frames` frames: contiguous, or (gapped) a short run around a
+    seen-once object followed, minutes later, by a run that ends where it can be asked about."""
+    count = len(stream.frame_times)
+    frames = min(frames, count)
+    segments = None
+    if gapped:
+        segments = _gapped_segments(stream, rng, frames)
+    if segments is None:
+        start = rng.randrange(count - frames + 1)
+        segments = [(start, start + frames)]
+    gap_scale = [rng.uniform(0.8, 1.25) for _ in segments[1:]]
+    span = sum(end - start for start, end in segments) * (FRAME_TOKENS + 12)
+    span += sum(int((stream.frame_times[b[0]] - stream.frame_times[a[1] - 1]) * TOKENS_PER_SECOND * g)
+                for a, b, g in zip(segments, segments[1:], gap_scale))
+    room = max(MAX_POSITIONS - span, 0)
+    start_position = rng.randrange(room + 1) if rng.random() < offset_share else 0
+    return Window(segments, start_position, gap_scale)
+
+
+def _gapped_segments(stream: RenderedStream, rng: random.Random, frames: int):
+    distant = [q for q in stream.questions if q.family == "distant"]
+    if not distant:
+        return None
+    target = rng.choice(distant)
+    times = stream.frame_times
+    t_enter, t_exit = target.evidence
+    first = [i for i, t in enumerate(times) if t_enter - 4 <= t < t_exit + 4]
+    if not first:
+        return None
+    head = min(len(first), max(4, frames // 4))
+    a0 = first[0] + rng.randrange(max(len(first) - head, 0) + 1)
+    a1 = min(a0 + head, len(times))
+    tail = frames - (a1 - a0)
+    b1 = int(next((i for i, t in enumerate(times) if t > target.t), len(times)))
+    b0 = max(a1 + 1, b1 - tail)
+    if b1 - b0 < 2:
+        return None
+    return [(a0, a1), (b0, b1)]

@@ -1,21 +1,32 @@
-"""`infmllm-train-tiny`: train the embedded model on synthetic camera streams (CPU, < 30 min).
+"""`infmllm-train-tiny`: train the embedded model on synthetic camera streams (CPU, one session).
 
-Stages: 0) the vision tower alone, directly supervised on frames (vision_pretraining.py);
-1) short sequences of frames, each followed by all its current-scene questions (seeing);
-2) whole 1 Hz streams with questions at their times, growing to the full 64-frame context
-(remembering: recent and long-range questions). Only answer tokens carry loss.
+Stages: 0) the vision tower alone, directly supervised on frames (vision_pretraining.py); then the
+tower is frozen and every frame's features are computed once (features.py), so 1) the language
+model and projector train on windows of long streams without paying for vision again: short
+windows first (seeing, what just left), then long and gapped ones (remembering minutes back).
+Only answer tokens carry loss.
 
-Fixed seeds throughout: the world, the tokenizer corpus, weight init, sequence sampling. Training
-episodes use seeds from TRAIN_SEED_BASE up; evaluation and the demo bag use seeds below it, so
-what the model is measured on was never trained on.
+Runs safely in the background: rendered streams, the vision stage and a checkpoint (every
+`--checkpoint-minutes`, on Ctrl-C and on SIGTERM) go to `--work-dir`; `--resume` picks up from
+there. The model directory `--out` is written only at the end, atomically (a finished directory
+is renamed into place), so an interrupted run never leaves a half-written shipped model.
+
+Fixed seeds throughout. Training streams use seeds from TRAIN_SEED_BASE up, validation seeds
+from 90,000; evaluation, benchmarks and the demo bag use seeds below 90,000, so what the model
+is measured on was never trained on.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import random
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,128 +36,267 @@ from tqdm import tqdm
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.synthetic import FAMILIES, corpus_text
 
-from .architecture import CONTEXT_FRAMES, build_model, build_processor, save_model_dir, train_tokenizer
-from .data import IGNORE, build_probe_sequence, build_sequence, render_episodes
+from .architecture import build_model, build_processor, save_model_dir, train_tokenizer
+from .curve import plot_training_curve
+from .data import IGNORE, Window, build_sequence, sample_window
+from .features import compute_features, language_model_loss
+from .streams import RenderedStream, render_many_snapshots, render_streams
 from .vision_pretraining import pretrain_vision_tower
 
 TRAIN_SEED_BASE = 100_000
-VALIDATION_SEEDS = list(range(90_000, 90_008))
+VISION_SEED_BASE = 110_000   # the vision stage's many short episodes
+VALIDATION_SEED_BASE = 90_000
 
 
-def teacher_forced_accuracy(model, episodes, tokenizer) -> dict[str, float]:
-    """Share of answers whose every token is the argmax, per question family (full sequences)."""
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: save a checkpoint, then stop."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=embedded_model_path(), help="model directory to write at the end")
+    parser.add_argument("--work-dir", type=Path, default=Path("build/train-tiny"),
+                        help="rendered streams, vision stage and checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
+    parser.add_argument("--redo-vision", action="store_true",
+                        help="run stage 0 again on the frames already rendered in --work-dir")
+    parser.add_argument("--streams", type=int, default=48, help="distinct training episodes to render")
+    parser.add_argument("--stream-seconds", type=float, default=600.0, help="camera time per training episode")
+    parser.add_argument("--validation-streams", type=int, default=6)
+    parser.add_argument("--vision-episodes", type=int, default=1200,
+                        help="short episodes for the vision stage, 8 frames each")
+    parser.add_argument("--vision-steps", type=int, default=4000, help="stage 0: direct vision pretraining steps")
+    parser.add_argument("--vision-lr", type=float, default=1e-3,
+                        help="stage 0 peak learning rate (2e-3 left shape at 39 %% held out, 1e-3 learnt it)")
+    parser.add_argument("--steps", type=int, default=4000, help="language-model steps (one window each)")
+    parser.add_argument("--lr", type=float, default=1.5e-3)
+    parser.add_argument("--short-share", type=float, default=0.3,
+                        help="share of steps on short windows (8-32 frames) before long and gapped ones")
+    parser.add_argument("--max-frames", type=int, default=64, help="longest contiguous training window")
+    parser.add_argument("--gapped-share", type=float, default=0.35,
+                        help="after the short windows, share of windows with a minutes-long position gap")
+    parser.add_argument("--validate-every", type=int, default=1000)
+    parser.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    parser.add_argument("--render-workers", type=int, default=2, help="processes rendering episodes")
+    return parser.parse_args(argv)
+
+
+def check_writable(directory: Path) -> None:
+    """Fail in the first second, not after two hours, if the model cannot be written."""
+    parent = directory.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise SystemExit(f"infmllm-train-tiny: cannot write the model to {directory}: {error.strerror or error}")
+
+
+def write_model_atomically(model, processor, out: Path, record: dict) -> None:
+    """Write into a sibling temporary directory, then swap it into place."""
+    out = out.resolve()
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
+    save_model_dir(model, processor, staging, record)
+    plot_training_curve(record, staging / "training.png")
+    old = out.parent / f".{out.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_atomically(obj, path: Path) -> None:
+    partial = path.with_suffix(path.suffix + ".partial")
+    torch.save(obj, partial)
+    os.replace(partial, path)
+
+
+def prepare_streams(args, tokenizer, model, work_dir: Path):
+    """Rendered streams with features, and the vision stage's accuracy (cached in work_dir)."""
+    cached = work_dir / "streams.pt"
+    if cached.exists() and not args.redo_vision:
+        saved = torch.load(cached, weights_only=False)
+        model.model.vision_tower.load_state_dict(saved["vision_tower"])
+        tqdm.write(f"loaded rendered streams and vision stage from {cached}")
+        return saved["train"], saved["validation"], saved["vision_accuracy"], saved["seconds"]
+    started = time.perf_counter()
+    rendered = work_dir / "rendered.pt"   # pixels too, so a new vision stage need not render again
+    if rendered.exists():
+        train, validation = torch.load(rendered, weights_only=False)
+    else:
+        train = render_streams([TRAIN_SEED_BASE + i for i in range(args.streams)], args.stream_seconds, tokenizer,
+                               workers=args.render_workers)
+        validation = render_streams([VALIDATION_SEED_BASE + i for i in range(args.validation_streams)],
+                                    args.stream_seconds, tokenizer, workers=args.render_workers,
+                                    desc="rendering validation streams")
+        save_atomically((train, validation), rendered)
+    snapshots_path = work_dir / "vision_frames.pt"
+    if snapshots_path.exists():
+        snapshots = torch.load(snapshots_path, weights_only=False)
+    else:
+        snapshots = render_many_snapshots([VISION_SEED_BASE + i for i in range(args.vision_episodes)], 8, tokenizer,
+                                          workers=args.render_workers)
+        save_atomically(snapshots, snapshots_path)
+    render_s = time.perf_counter() - started
+    tower = model.model.vision_tower
+    vision_accuracy = pretrain_vision_tower(tower, snapshots, validation, steps=args.vision_steps, lr=args.vision_lr,
+                                            seed=args.seed)
+    tqdm.write("vision pretraining (held out): " + " ".join(f"{k} {v:.3f}" for k, v in vision_accuracy.items()))
+    for stream in tqdm(train + validation, desc="frame features", unit="stream"):
+        compute_features(model, stream)
+    seconds = {"render": round(render_s, 1), "vision": round(time.perf_counter() - started - render_s, 1)}
+    save_atomically({"train": train, "validation": validation, "vision_accuracy": vision_accuracy,
+                     "vision_tower": tower.state_dict(), "seconds": seconds}, cached)
+    return train, validation, vision_accuracy, seconds
+
+
+def validation_windows(streams: list[RenderedStream]) -> list[tuple[RenderedStream, Window]]:
+    """Fixed windows: the first 64 s of each stream (as infmllm-eval streams them) and one gapped
+    window per stream reaching minutes back (distant questions)."""
+    windows = []
+    for stream in streams:
+        windows.append((stream, Window([(0, 64)])))
+        gapped = sample_window(stream, random.Random(stream.seed), 64, gapped=True, offset_share=0.0)
+        if len(gapped.segments) > 1:
+            windows.append((stream, gapped))
+    return windows
+
+
+def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
+    """Share of answers whose every token is the argmax, per question family."""
     right = {family: 0 for family in FAMILIES}
     total = {family: 0 for family in FAMILIES}
     model.eval()
     with torch.inference_mode():
-        for episode in episodes:
-            batch = build_sequence(episode, CONTEXT_FRAMES, tokenizer)
-            logits = model(input_ids=batch["input_ids"], pixel_values=batch["pixel_values"]).logits[0, :-1]
+        for stream, window in windows:
+            batch = build_sequence(stream, window, tokenizer)
+            logits = language_model_loss(model, batch, logits=True)[0, :-1]
             labels = batch["labels"][0, 1:]
-            answer_positions = (labels != IGNORE).nonzero().flatten().tolist()
-            correct = (logits.argmax(-1) == labels)
-            # group consecutive answer tokens into answers
-            groups, current = [], []
-            for position in answer_positions:
-                if current and position != current[-1] + 1:
-                    groups.append(current)
+            correct = (logits.argmax(-1) == labels).tolist()
+            answers, current, previous = [], [], -2
+            for position in (labels != IGNORE).nonzero().flatten().tolist():
+                if current and position != previous + 1:
+                    answers.append(current)
                     current = []
                 current.append(position)
+                previous = position
             if current:
-                groups.append(current)
-            token_families = iter(batch["families"])
-            for group in groups:
-                family = next(token_families)
-                for _ in group[1:]:
-                    next(token_families)
+                answers.append(current)
+            for family, positions in zip(batch["families"], answers):
                 total[family] += 1
-                right[family] += int(all(correct[p] for p in group))
+                right[family] += int(all(correct[p] for p in positions))
     model.train()
-    return {family: right[family] / max(total[family], 1) for family in FAMILIES}
+    return {family: right[family] / total[family] if total[family] else float("nan") for family in FAMILIES}
 
 
-def train_step(model, optimizer, schedule, batch, smoothed: float | None) -> float:
-    loss = model(input_ids=batch["input_ids"], pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    schedule.step()
-    return loss.item() if smoothed is None else 0.98 * smoothed + 0.02 * loss.item()
+def next_window(args, step: int, train: list[RenderedStream], rng: random.Random) -> tuple[RenderedStream, Window]:
+    stream = train[rng.randrange(len(train))]
+    if step < args.short_share * args.steps:
+        return stream, sample_window(stream, rng, rng.randint(8, 32), gapped=False)
+    if rng.random() < args.gapped_share:
+        return stream, sample_window(stream, rng, rng.randint(40, 64), gapped=True)
+    return stream, sample_window(stream, rng, rng.randint(16, args.max_frames), gapped=False)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=embedded_model_path())
-    parser.add_argument("--episodes", type=int, default=300, help="distinct training episodes to render")
-    parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--lr", type=float, default=1.5e-3)
-    parser.add_argument("--min-frames", type=int, default=2, help="shortest training sequence, in frames")
-    parser.add_argument("--curriculum", type=float, default=0.4,
-                        help="share of steps (after stage 1) over which streams grow to the full context")
-    parser.add_argument("--spacing", type=float, default=1.5, help="seconds between training questions")
-    parser.add_argument("--vision-steps", type=int, default=3000, help="stage 0: direct vision pretraining steps")
-    parser.add_argument("--vision-lr-scale", type=float, default=0.1,
-                        help="learning-rate factor for the pretrained vision tower in later stages")
-    parser.add_argument("--probe-frames", type=int, default=12, help="frames per stage-1 sequence")
-    parser.add_argument("--seeing-steps", type=float, default=0.25,
-                        help="share of steps in stage 1: 1-3 frames, each with all its current-scene questions")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="keep rendered episodes here for reruns")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for training")
-    parser.add_argument("--render-workers", type=int, default=2, help="processes rendering episodes")
-    args = parser.parse_args(argv)
-
+    args = parse_args(argv)
+    check_writable(args.out)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    sampler = random.Random(args.seed)
     tokenizer = train_tokenizer(corpus_text(range(200)))
-    train = render_episodes([TRAIN_SEED_BASE + i for i in range(args.episodes)], tokenizer,
-                            workers=args.render_workers, spacing_s=args.spacing, cache_dir=args.cache_dir)
-    validation = render_episodes(VALIDATION_SEEDS, tokenizer, workers=args.render_workers,
-                                 desc="validation episodes", cache_dir=args.cache_dir)
-    render_s = time.perf_counter() - started
-
     model = build_model(tokenizer).train()
-    vision_accuracy = pretrain_vision_tower(model.model.vision_tower, train, steps=args.vision_steps, seed=args.seed)
-    tqdm.write("vision pretraining: " + " ".join(f"{k} {v:.2f}" for k, v in vision_accuracy.items()))
-    vision = list(model.model.vision_tower.parameters())
-    vision_ids = {id(p) for p in vision}
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in model.parameters() if id(p) not in vision_ids]},
-         {"params": vision, "lr": args.lr * args.vision_lr_scale}],
-        lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    checkpoint_path = args.work_dir / "checkpoint.pt"
+    if not args.resume and checkpoint_path.exists():
+        raise SystemExit(f"infmllm-train-tiny: {checkpoint_path} exists: pass --resume to continue it, "
+                         "or remove it to start over")
+    try:
+        train, validation, vision_accuracy, stage_seconds = prepare_streams(args, tokenizer, model, args.work_dir)
+    except (KeyboardInterrupt, Interrupted):
+        print("infmllm-train-tiny: interrupted before the language-model stage; rendered streams and the "
+              "vision stage are redone on the next run", file=sys.stderr)
+        return 130
+    windows = validation_windows(validation)
+    model.model.vision_tower.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(args.steps // 40, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
-    history = []
-    progress = tqdm(range(args.steps), desc="training", unit="step")
-    smoothed = None
-    seeing = int(args.seeing_steps * args.steps)
-    ramp = max(int(args.curriculum * args.steps), 1)
-    for step in progress:
-        episode = train[sampler.randrange(len(train))]
-        if step < seeing:
-            picks = sorted(sampler.sample(range(CONTEXT_FRAMES), sampler.randint(1, args.probe_frames)))
-            batch, stage = build_probe_sequence(episode, picks, tokenizer, sampler), "seeing"
-        else:
-            # Then whole streams, growing from short to the full context: remembering.
-            longest = max(args.min_frames + 6, min(CONTEXT_FRAMES, CONTEXT_FRAMES * (step - seeing) // ramp))
-            batch, stage = build_sequence(episode, sampler.randint(args.min_frames, longest), tokenizer), "streams"
-        if batch["families"]:
-            smoothed = train_step(model, optimizer, schedule, batch, smoothed)
-            progress.set_postfix(loss=f"{smoothed:.3f}", stage=stage)
-        if (step + 1) % 1000 == 0 or step + 1 == args.steps:
-            accuracy = teacher_forced_accuracy(model, validation, tokenizer)
-            history.append({"step": step + 1, "loss": smoothed, **accuracy})
-            tqdm.write(f"step {step + 1}: loss {smoothed:.3f} " + " ".join(f"{k} {v:.2f}" for k, v in accuracy.items()))
+    sampler = random.Random(args.seed)
+    state = {"step": 0, "history": [], "smoothed": None, "seconds": 0.0}
+    if args.resume and checkpoint_path.exists():
+        saved = torch.load(checkpoint_path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        sampler.setstate(saved["sampler"])
+        torch.set_rng_state(saved["torch_rng"])
+        state = saved["state"]
+        tqdm.write(f"resumed from {checkpoint_path} at step {state['step']}")
 
-    record = {"vision_pretraining": vision_accuracy, "train_seconds": round(time.perf_counter() - started, 1), "render_seconds": round(render_s, 1),
-              "steps": args.steps, "episodes": args.episodes, "lr": args.lr, "seed": args.seed,
-              "train_seed_base": TRAIN_SEED_BASE, "validation": history,
+    def checkpoint():
+        state["seconds"] += time.perf_counter() - segment_start
+        save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "schedule": schedule.state_dict(), "sampler": sampler.getstate(),
+                         "torch_rng": torch.get_rng_state(), "state": state}, checkpoint_path)
+        return time.perf_counter()
+
+    segment_start = last_save = time.perf_counter()
+    progress = tqdm(range(state["step"], args.steps), desc="training", unit="step", initial=state["step"],
+                    total=args.steps)
+    try:
+        for step in progress:
+            stream, window = next_window(args, step, train, sampler)
+            batch = build_sequence(stream, window, tokenizer)
+            if batch["families"]:
+                loss = language_model_loss(model, batch)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                smoothed = state["smoothed"]
+                state["smoothed"] = loss.item() if smoothed is None else 0.98 * smoothed + 0.02 * loss.item()
+                progress.set_postfix(loss=f"{state['smoothed']:.3f}", frames=len(window.frames))
+            schedule.step()
+            state["step"] = step + 1
+            if state["step"] % args.validate_every == 0 or state["step"] == args.steps:
+                accuracy = teacher_forced_accuracy(model, windows, tokenizer)
+                state["history"].append({"step": state["step"], "loss": state["smoothed"], **accuracy})
+                tqdm.write(f"step {state['step']}: loss {state['smoothed']:.3f} "
+                           + " ".join(f"{k} {v:.2f}" for k, v in accuracy.items()))
+            if time.perf_counter() - last_save > 60 * args.checkpoint_minutes:
+                segment_start = last_save = checkpoint()
+    except (KeyboardInterrupt, Interrupted) as why:
+        progress.close()
+        checkpoint()
+        print(f"infmllm-train-tiny: interrupted ({why or 'Ctrl-C'}) at step {state['step']}; checkpoint saved in "
+              f"{checkpoint_path}; run again with --resume to continue", file=sys.stderr)
+        return 130
+    segment_start = checkpoint()
+
+    record = {"vision_pretraining": vision_accuracy, "stage_seconds": stage_seconds,
+              "train_seconds": round(time.perf_counter() - started, 1),
+              "language_model_seconds": round(state["seconds"], 1),
+              "steps": args.steps, "streams": args.streams, "stream_seconds": args.stream_seconds,
+              "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
+              "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
               "command": "infmllm-train-tiny " + " ".join(sys.argv[1:] if argv is None else argv)}
-    save_model_dir(model.eval(), build_processor(tokenizer), args.out, record)
+    try:
+        write_model_atomically(model.eval(), build_processor(tokenizer), args.out, record)
+    except OSError as error:
+        print(f"infmllm-train-tiny: could not write {args.out} ({error}); the trained weights are in "
+              f"{checkpoint_path}", file=sys.stderr)
+        return 1
     print(f"wrote {args.out} after {record['train_seconds']:.0f} s")
     return 0
 

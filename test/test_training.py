@@ -1,0 +1,83 @@
+"""`infmllm-train-tiny` as a background job: checkpoints, resume, atomic output, clear refusals.
+
+The runs are tiny (one short stream, a few steps): what is tested is the job's behaviour, not
+the model it makes (the shipped model's accuracy is measured by infmllm-eval, see README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = ["--streams", "1", "--stream-seconds", "70", "--validation-streams", "1", "--vision-steps", "5",
+        "--vision-episodes", "4",
+        "--validate-every", "4", "--threads", "1", "--render-workers", "1"]
+
+
+def train(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infmllm_ros.tiny_model.train", *TINY, *args],
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
+    out, work = tmp_path / "model", tmp_path / "work"
+    done = train("--out", str(out), "--work-dir", str(work), "--steps", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((out / "training.json").read_text())
+    assert [row["step"] for row in record["validation"]] == [4, 8]
+    assert {"current", "recent", "long", "distant", "loss"} <= set(record["validation"][-1])
+    assert (out / "training.png").stat().st_size > 1000
+    assert (work / "checkpoint.pt").is_file() and (work / "streams.pt").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model")], "staging directory left behind"
+    # a second run over the same work dir refuses to start over silently, then resumes on request
+    again = train("--out", str(out), "--work-dir", str(work), "--steps", "8")
+    assert again.returncode != 0 and "--resume" in again.stderr
+    longer = train("--out", str(out), "--work-dir", str(work), "--steps", "12", "--resume")
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    said = longer.stdout + longer.stderr
+    assert "resumed from" in said and "at step 8" in said
+    assert [row["step"] for row in json.loads((out / "training.json").read_text())["validation"]][-1] == 12
+
+
+def test_sigterm_saves_a_checkpoint_and_leaves_the_old_model(tmp_path):
+    out, work = tmp_path / "model", tmp_path / "work"
+    out.mkdir()
+    (out / "config.json").write_text("{}")          # stands for an earlier, finished model
+    job = subprocess.Popen([sys.executable, "-m", "infmllm_ros.tiny_model.train", *TINY, "--steps", "100000",
+                            "--out", str(out), "--work-dir", str(work)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (work / "streams.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)                                    # some language-model steps
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 130, stderr[-2000:]
+    assert "checkpoint saved" in stderr and "--resume" in stderr
+    assert (work / "checkpoint.pt").is_file()
+    assert json.loads((out / "config.json").read_text()) == {}, "the finished model was touched"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_fails_at_once(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    done = train("--out", str(locked / "model"), "--work-dir", str(tmp_path / "work"), "--steps", "4", timeout=60)
+    assert done.returncode != 0
+    assert "cannot write the model" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_out_under_a_file_fails_at_once(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    done = train("--out", str(blocker / "model"), "--work-dir", str(tmp_path / "work"), "--steps", "4", timeout=60)
+    assert done.returncode != 0
+    assert "cannot write the model" in done.stderr and "Traceback" not in done.stderr
+    assert not Path(tmp_path / "work" / "streams.pt").exists(), "nothing was rendered before the check"
