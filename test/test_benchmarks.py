@@ -52,6 +52,10 @@ def test_quality_quick_reports_accuracy_and_evidence_per_cell(tmp_path):
         assert row["n_current"] > 0 and row["n_recent"] > 0
         for key in ("acc_current", "acc_recent", "kept_recent"):
             assert 0.0 <= row[key] <= 100.0
+        for family in ("current", "recent"):   # the 95 % interval brackets the rate
+            assert row[f"lo_{family}"] <= row[f"acc_{family}"] <= row[f"hi_{family}"]
+        assert {"n_distant", "of_full_current", "lo_distant"} <= set(row)
+    assert full["of_full_current"] == pytest.approx(100.0)
     for row in bounded:
         assert row["budget"] == int(0.25 * row["stream_tokens"])
 

@@ -18,12 +18,13 @@ import torch
 from tqdm import tqdm
 
 from infmllm_ros.models import embedded_model_path
+from infmllm_ros.synthetic import FAMILIES
 
 from .node_e2e import run_node_e2e
 from .overhead import run_overhead
 from .quality import BUDGET_SHARES, run_quality
 from .quant import run_quant
-from .report import RESULTS_DIR, bar_plot, line_plot, markdown_table, write_json
+from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, write_json
 from .scale import METRICS, POLICIES, ratios, run_scale
 from .text_stream import VARIANTS, run_text
 
@@ -75,14 +76,18 @@ def scale_suite(suite: Suite, model_path: str, args, overrides: dict | None = No
 
 def quality_suite(suite: Suite, model_path: str, args) -> None:
     episodes, duration, shares = (1, 60.0, (0.25,)) if suite.quick else (args.episodes, 600.0, BUDGET_SHARES)
-    rows = run_quality(model_path, episodes, duration, shares)
-    suite.table(f"Quality: {episodes} held-out episodes of {duration:.0f} s, accuracy and evidence kept (%)", rows,
-                ["policy", "share", "budget", "acc_current", "acc_recent", "acc_long", "kept_recent", "kept_long",
-                 "n_current", "n_recent", "n_long"])
-    suite.save({"rows": rows, "episodes": episodes, "duration_s": duration})
-    bounded = [row for row in rows if row["policy"] != "full"]
-    suite.plot(line_plot(suite.file, bounded, "budget", ["acc_recent", "acc_long", "kept_recent", "kept_long"],
-                         "policy", suite.out, logx=False))
+    rows = run_quality(model_path, episodes, duration, shares, spacing_s=args.spacing)
+    for row in rows:
+        for family in FAMILIES:
+            row[family] = f"{row[f'acc_{family}']:.1f} ({row[f'lo_{family}']:.0f}-{row[f'hi_{family}']:.0f})"
+    suite.table(f"Quality: {episodes} held-out episodes of {duration:.0f} s, a question every {args.spacing:g} s; "
+                "accuracy % (95 % Wilson interval)", rows,
+                ["policy", "share", "budget", *FAMILIES, *(f"n_{f}" for f in FAMILIES)])
+    suite.table("Quality: evidence still cached at question time (%), and accuracy as a share of full's (%)", rows,
+                ["policy", "share", *(f"kept_{f}" for f in FAMILIES if f != "current"),
+                 *(f"of_full_{f}" for f in FAMILIES)])
+    suite.save({"rows": rows, "episodes": episodes, "duration_s": duration, "spacing_s": args.spacing})
+    suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
 
 
 def overhead_suite(suite: Suite, model_path: str, args, overrides: dict | None = None) -> None:
@@ -140,6 +145,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES, help="scale suite policies")
     p.add_argument("--full-max-frames", type=int, default=3600, help="scale: stop `full` here")
     p.add_argument("--episodes", type=int, default=3, help="quality: 10-minute episodes")
+    p.add_argument("--spacing", type=float, default=3.0, help="quality: seconds between questions")
     p.add_argument("--text-tokens", type=int, default=1_048_576, help="text: tokens streamed")
     p.add_argument("--full-max-tokens", type=int, default=32_768, help="text: stop `full` here")
     p.add_argument("--out", default=str(RESULTS_DIR))

@@ -69,3 +69,36 @@ def bar_plot(name: str, rows: Sequence[dict], label: str, ys: Sequence[str], dir
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def accuracy_plot(name: str, rows: Sequence[dict], families: Sequence[str], directory: Path = RESULTS_DIR) -> Path:
+    """One panel per question family: accuracy against budget share per policy, with 95 % error
+    bars, full's accuracy as a band across, evidence kept as dotted lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.6), squeeze=False)
+    full = next((row for row in rows if row["policy"] == "full"), None)
+    for axis, family in zip(axes[0], families):
+        if full is not None:
+            axis.axhspan(full[f"lo_{family}"], full[f"hi_{family}"], color="grey", alpha=0.25, label="full (95 %)")
+        for index, policy in enumerate(dict.fromkeys(r["policy"] for r in rows if r["policy"] != "full")):
+            cells = [r for r in rows if r["policy"] == policy]
+            x = [float(r["share"].rstrip(" %")) + 0.4 * (index - 1) for r in cells]
+            y = [r[f"acc_{family}"] for r in cells]
+            errors = [[r[f"acc_{family}"] - r[f"lo_{family}"] for r in cells],
+                      [r[f"hi_{family}"] - r[f"acc_{family}"] for r in cells]]
+            line = axis.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=policy)
+            if f"kept_{family}" in cells[0]:
+                axis.plot(x, [r[f"kept_{family}"] for r in cells], linestyle=":", color=line[0].get_color())
+        axis.set(title=family, xlabel="budget (% of the stream)", ylabel="accuracy (%)", ylim=(0, 100))
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.text(0.5, 0.005, "dotted: share of the evidence still cached", ha="center", fontsize=8)
+    figure.tight_layout()
+    path = directory / f"{name}.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
