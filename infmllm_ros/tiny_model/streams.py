@@ -40,6 +40,15 @@ class RenderedStream:
     features: torch.Tensor | None = None    # (F, patches, width) float16: the frozen tower's output
 
 
+def frame_objects(episode, t: float) -> list[tuple[int, int, float, float, float]] | None:
+    """The vision stage's labels of the frame at t: (colour index, shape index, x, y, radius) per
+    object, or None while one is only partly in view."""
+    visible = episode.visible(t)
+    if not all(state.fully_in_view for state in visible):
+        return None
+    return [(list(COLOURS).index(s.colour), SHAPES.index(s.shape), s.x, s.y, s.radius) for s in visible]
+
+
 def render_stream(args) -> RenderedStream:
     seed, tokenizer, duration_s = args
     episode = generate_episode(seed, duration_s)
@@ -50,10 +59,8 @@ def render_stream(args) -> RenderedStream:
     for start in range(0, len(times), 64):
         images = []
         for t in times[start:start + 64]:
-            visible = episode.visible(float(t))
             images.append(Image.fromarray(episode.render(float(t))))
-            objects.append([(list(COLOURS).index(s.colour), SHAPES.index(s.shape), s.x, s.y, s.radius)
-                            for s in visible] if all(s.fully_in_view for s in visible) else None)
+            objects.append(frame_objects(episode, float(t)))
         pixels.append(processor.image_processor(images=images, return_tensors="pt")["pixel_values"].half())
     questions = generate_questions(episode, seed, spacing_s=TRAIN_SPACING_S)
     return RenderedStream(seed, times, objects, questions, pixels=torch.cat(pixels))
@@ -74,10 +81,8 @@ def render_snapshots(args) -> RenderedStream:
     processor = build_processor(tokenizer)
     objects, images = [], []
     for t in times:
-        visible = episode.visible(float(t))
         images.append(Image.fromarray(episode.render(float(t))))
-        objects.append([(list(COLOURS).index(s.colour), SHAPES.index(s.shape), s.x, s.y, s.radius)
-                        for s in visible] if all(s.fully_in_view for s in visible) else None)
+        objects.append(frame_objects(episode, float(t)))
     pixels = processor.image_processor(images=images, return_tensors="pt")["pixel_values"].half()
     return RenderedStream(seed, times, objects, [], pixels=pixels)
 
