@@ -69,6 +69,20 @@ def save_babbling_model(directory: Path) -> Path:
     return directory
 
 
+def save_wide_model(directory: Path, width: int = 768, layers: int = 6) -> Path:
+    """A random LLaVA whose language model is ~130 MB in fp32: large enough that the memory a node
+    holds for it, and gives back on cleanup, stands out of the process's other allocations."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    from infmllm_ros.testing.tiny_models import build
+    small, processor = build("llava-llama", seed=3)
+    config = small.config.to_dict()
+    config["text_config"].update(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers)
+    LlavaForConditionalGeneration(LlavaConfig(**config)).save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def node_model_dir(tmp_path_factory) -> Path:
     """The embedded model if it has been trained, else a tiny random LLaVA."""
@@ -252,4 +266,4 @@ def rgb_image_msg(rgb: np.ndarray, encoding: str = "rgb8"):
 
 __all__ = ["EMBEDDED", "NODE_START_TIMEOUT_S", "NodeListener", "NodeProcess", "REPO_ROOT", "babbling_model_dir",
            "module_ros_environ", "node_model_dir", "rgb_image_msg", "ros_param", "run_module",
-           "save_babbling_model", "wait_until"]
+           "save_babbling_model", "save_wide_model", "wait_until"]

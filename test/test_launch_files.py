@@ -48,16 +48,28 @@ def test_launch_file_is_a_standard_launch_ros_file(launch_tree):
     assert executable in ENTRY_POINTS, f"{executable} is not a console script of this package"
 
 
+def module_assignments(tree: ast.Module) -> dict[str, ast.AST]:
+    return {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
 def test_launch_arguments_match_node_parameters(launch_tree):
-    declared = {ast.literal_eval(call.args[0]) for call in calls(launch_tree, "DeclareLaunchArgument")}
-    assert {"model_path", "params_file", "image_topic"} <= declared
+    assigned = module_assignments(launch_tree)
+    overrides = {ast.literal_eval(key) for key in assigned["OVERRIDES"].keys}
+    declared = {ast.literal_eval(call.args[0]) for call in calls(launch_tree, "DeclareLaunchArgument")
+                if isinstance(call.args[0], ast.Constant)} | overrides
+    assert {"model_path", "params_file", "image_topic", "query_topic", "namespace", "autostart", "device",
+            "quantization", "cache_policy", "cache_budget"} <= declared
     parameter_names = {spec.name for spec in PARAMETERS}
-    assert "model_path" in parameter_names, "launch arguments use the node's parameter names"
-    constants = {target.id: ast.literal_eval(node.value) for node in launch_tree.body
-                 if isinstance(node, ast.Assign) for target in node.targets if isinstance(target, ast.Name)}
+    assert overrides <= parameter_names, "launch arguments use the node's parameter names"
+    types = {"str": "string", "int": "integer", "bool": "boolean", "float": "double"}
+    by_name = {spec.name: spec for spec in PARAMETERS}
+    for key, value in zip(assigned["OVERRIDES"].keys, assigned["OVERRIDES"].values):
+        assert types[value.elts[0].id] == by_name[ast.literal_eval(key)].type, ast.literal_eval(key)
     default = next(keyword(call, "default_value") for call in calls(launch_tree, "DeclareLaunchArgument")
-                   if ast.literal_eval(call.args[0]) == "image_topic")
-    image_topic_default = constants[default.id] if isinstance(default, ast.Name) else ast.literal_eval(default)
+                   if isinstance(call.args[0], ast.Constant) and ast.literal_eval(call.args[0]) == "image_topic")
+    image_topic_default = (ast.literal_eval(assigned[default.id]) if isinstance(default, ast.Name)
+                           else ast.literal_eval(default))
     assert image_topic_default == defaults()["image_topics"][0], "image_topic remaps the YAML's camera"
 
 
@@ -120,7 +132,9 @@ def test_ros_parser_reads_the_yaml_as_the_node_declares_it(repo_root, ros_enviro
         assert declare_parameters(node) == defaults()
         for spec in PARAMETERS:
             descriptor = node.describe_parameter(spec.name)
-            assert descriptor.read_only == spec.read_only and descriptor.description.startswith(spec.description)
+            # configure-time parameters stay settable (while unconfigured): the node refuses them otherwise
+            assert not descriptor.read_only and descriptor.description.startswith(spec.description)
+            assert ("configure-time" in descriptor.description) == spec.read_only
         node.destroy_node()
     finally:
         rclpy.shutdown(context=context)

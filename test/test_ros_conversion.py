@@ -16,7 +16,8 @@ from PIL import Image as PILImage
 from infmllm_ros.ros import image_conversion as conversion
 from infmllm_ros.ros import parameters, queries, stats
 from infmllm_ros.ros.image_conversion import ImageConversionError, compressed_to_rgb, image_to_rgb, stamp_seconds
-from infmllm_ros.ros.queries import Query, QueryIds, QueryRejected, RequestQueue, decode_string_cdr, parse_query
+from infmllm_ros.ros.mailbox import RequestQueue
+from infmllm_ros.ros.queries import Query, QueryIds, QueryRejected, decode_string_cdr, parse_query
 
 RNG = np.random.default_rng(0)
 RGB = RNG.integers(0, 256, (7, 5, 3), dtype=np.uint8)  # odd sizes catch row/column mix-ups
@@ -202,7 +203,8 @@ def test_plain_text_gets_generated_unique_ids():
 @pytest.mark.parametrize("query_id", ["q-7", 7])
 def test_json_queries_keep_their_id(query_id):
     query = parse_query(json.dumps({"id": query_id, "question": "how many objects are in view?"}), QueryIds())
-    assert query.id == str(query_id) and query.question == "how many objects are in view?"
+    assert query.id == query_id and type(query.id) is type(query_id), "an id comes back with its JSON type"
+    assert query.question == "how many objects are in view?"
 
 
 def test_json_without_id_gets_one():
@@ -216,6 +218,7 @@ def test_json_without_id_gets_one():
     ("x" * 2001, queries.TOO_LONG, False),
     ("x" * 1_000_000, queries.TOO_LONG, False),
     (json.dumps({"id": "a", "question": "y" * 2001}), queries.TOO_LONG, True),
+    (json.dumps({"id": "a", "question": "y" * 1_000_000}), queries.TOO_LONG, True),  # id read, body not parsed
     ('{"id": "a", "question": ', queries.BAD_JSON, False),
     ('{"id": "a"}', queries.BAD_JSON, True),
     ('{"id": "a", "question": 5}', queries.BAD_JSON, True),
@@ -286,16 +289,6 @@ def test_queue_order_exactly():
     assert items == [("query", None, a), ("frame", "cam", "f1"), ("query", None, b)]
 
 
-def test_newer_frame_replaces_pending_one_and_moves_back():
-    queue = RequestQueue(max_queries=5)
-    question = Query("a", "qa")
-    queue.put_frame("left", "L1")
-    queue.put_frame("right", "R1")
-    queue.put_query(question)
-    assert queue.put_frame("left", "L2") is True
-    assert [queue.get(0)[2] for _ in range(3)] == ["R1", question, "L2"]
-
-
 def test_close_returns_waiting_queries_and_wakes_the_worker():
     queue = RequestQueue(max_queries=5)
     queue.put_query(Query("a", "qa"))
@@ -306,7 +299,7 @@ def test_close_returns_waiting_queries_and_wakes_the_worker():
     empty.close()
     waiter.join(2)
     assert not waiter.is_alive() and got == [None]
-    assert [q.id for q in queue.close()] == ["a"] and not queue.put_query(Query("b", "qb"))
+    assert [(kind, q.id) for kind, q in queue.close()] == [("query", "a")] and not queue.put_query(Query("b", "qb"))
 
 
 # ---- stats --------------------------------------------------------------------------------------
@@ -328,7 +321,8 @@ def test_snapshot_is_json_with_every_counter():
     node_stats.add_latency("answer", 0.5)
     node_stats.set_engine(cache_tokens=10, cache_bytes=2**20)
     snapshot = json.loads(json.dumps(node_stats.snapshot(stamp=1.0)))
-    assert snapshot["cameras"]["/cam"] == {"received": 3, "fed": 1, "dropped": 0, "bad": 0}
+    assert snapshot["cameras"]["/cam"] == {"received": 3, "skipped": 0, "dropped": 0, "bad": 0, "failed": 0,
+                                           "fed": 1}
     assert snapshot["bad_input"] == {"image.corrupt": 1} and snapshot["queries"]["answered"] == 1
     assert snapshot["latency"]["answer"] == {"p50_ms": 250.0, "p95_ms": 500.0, "count": 2}
     assert snapshot["cache_mb"] == 1.0 and snapshot["stamp"] == 1.0

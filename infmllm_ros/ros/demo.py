@@ -169,7 +169,7 @@ def run_node_on_bag(bag: Path, rate: float = 1.0, model_path: str = "", params: 
           f"{env['ROS_DOMAIN_ID']}", flush=True)
     node_command = [sys.executable, "-m", "infmllm_ros.ros.run", "--params", str(params or default_params_file()),
                     "--ros-args", "-p", "image_topics:=[]", "-p", f"compressed_image_topics:=[{IMAGE_TOPIC}]",
-                    "-p", f"frame_rate_hz:={float(FEED_RATE_HZ * rate)}"]
+                    "-p", f"frame_rate_hz:={float(FEED_RATE_HZ)}"]  # stamp time: the same frames at any rate
     if model_path:
         node_command += ["-p", f"model_path:={model_path}"]
     replay_command = [sys.executable, "-m", "infmllm_ros.ros.replay", str(bag), "--rate", str(rate),

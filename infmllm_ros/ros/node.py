@@ -1,304 +1,326 @@
 """`infmllm_node`: camera topics in, answers to ~/query out, through one bounded-cache MLLM session.
 
-Threads, and why: camera and query callbacks only decode, check and store (they never touch the
-model), so a long answer cannot block a camera; a timer at frame_rate_hz hands each camera's
-newest unseen frame to the worker queue; one worker thread owns the StreamingSession (it is not
-thread-safe) and takes frames and questions in arrival order. A MultiThreadedExecutor with
-separate callback groups keeps cameras, queries, timers and parameter services running side by side.
+A lifecycle (managed) node, as yolo_ros and llama_ros ship theirs: `configure` loads the model and
+builds the session, `activate` subscribes to the cameras and starts the worker, `deactivate` stops
+feeding and answering but keeps the cache, `cleanup` frees the model. With `autostart` (default)
+it walks to active by itself, so `ros2 run` and `infmllm-run` give a working node in one command.
+
+Threads, and why: camera and query callbacks only decode, check and queue (they never touch the
+model), so a long answer cannot block a camera; one worker thread (worker.py) owns the session
+(it is not thread-safe) and takes frames, questions and resets in arrival order (mailbox.py). A
+MultiThreadedExecutor with separate callback groups keeps cameras, queries, services and timers
+running side by side.
 
 Topics: ~/query (std_msgs/String, text or JSON {"id","question"}), ~/answer (answer text),
 ~/answer_stream (each new piece of text as it is generated), ~/answer_info (JSON per query:
-answered, refused or error, with reason and timings), ~/stats (JSON every stats_period_s).
+answered, refused or error, with reason and timings; exactly one per query), ~/stats (JSON every
+stats_period_s). Service: ~/reset (std_srvs/Trigger) empties the cache and conversation.
 """
 
 from __future__ import annotations
 
+import ctypes
+import difflib
+import gc
 import json
 import os
 import signal
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import rclpy
 import torch
 from rcl_interfaces.msg import ParameterDescriptor, ParameterType, SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.exceptions import InvalidParameterTypeException, NameValidationException, ParameterException
+from rclpy.duration import Duration
+from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.logging import get_logger
-from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy, qos_profile_sensor_data
 from rclpy.serialization import deserialize_message
+from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
+from std_srvs.srv import Trigger
 
 from infmllm_ros.engine.loading import ModelLoadError
-from infmllm_ros.engine.session import Answer, SessionConfig, StreamingSession
+from infmllm_ros.engine.session import SessionConfig, StreamingSession
 from infmllm_ros.models import embedded_model_path
 
 from .image_conversion import ImageConversionError, compressed_to_rgb, image_to_rgb, stamp_seconds
-from .parameters import BY_NAME, PARAMETERS, ParameterError, check, check_all, session_settings
-from .queries import BUSY, MALFORMED, Query, QueryIds, QueryRejected, RequestQueue, decode_string_cdr, echo, parse_query
+from .mailbox import FeedGate, Frame, RequestQueue, ResetRequest
+from .parameters import BY_NAME, PARAMETERS, ParameterError, check, check_all, defaults, session_settings
+from .queries import BUSY, MALFORMED, QueryIds, QueryRejected, decode_string_cdr, parse_query
 from .stats import NodeStats, ThrottledReport
+from .worker import INACTIVE, SHUTDOWN, STOP_JOIN_S, SessionWorker, info_message
 
 NODE_NAME = "infmllm_node"
 # DDS history of ~/query and ~/answer_info: a burst this large is queued or refused one by one
 # instead of being overwritten inside DDS, where the node could not even count it.
 QUERY_HISTORY = 1000
-STOP_JOIN_S = 10.0
+REPLY_FLUSH_S = 2.0   # at shutdown, how long the last refusals may take to be acknowledged
+RESET_WAIT_S = 60.0   # a reset waits behind the answer in progress and the questions before it
 _ROS_TYPES = {"string": ParameterType.PARAMETER_STRING, "integer": ParameterType.PARAMETER_INTEGER,
-              "double": ParameterType.PARAMETER_DOUBLE, "string_array": ParameterType.PARAMETER_STRING_ARRAY}
+              "double": ParameterType.PARAMETER_DOUBLE, "boolean": ParameterType.PARAMETER_BOOL,
+              "string_array": ParameterType.PARAMETER_STRING_ARRAY}
+_RCLPY_OWN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 _RELIABLE = QoSProfile(depth=10, reliability=QoSReliabilityPolicy.RELIABLE)
 
 
-@dataclass
-class Frame:
-    rgb: np.ndarray
-    stamp: float       # header stamp, seconds
-    received: float    # time.monotonic() at the callback, for ingest latency
-
-
-class LatestFrames:
-    """One slot per camera holding its newest decoded frame until the frame timer takes it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._slots: dict[str, Frame | None] = {}
-
-    def put(self, camera: str, frame: Frame) -> bool:
-        """Store; True when an unseen frame was overwritten (dropped)."""
-        with self._lock:
-            overwritten = self._slots.get(camera) is not None
-            self._slots[camera] = frame
-            return overwritten
-
-    def take(self) -> list[tuple[str, Frame]]:
-        with self._lock:
-            taken = [(camera, frame) for camera, frame in self._slots.items() if frame is not None]
-            self._slots = dict.fromkeys(self._slots)
-            return taken
-
-
-def info_message(query_id: str, question: str, status: str, reason: str = "", answer: Answer | None = None,
-                 frames_seen: int = 0, cache_tokens: int = 0, latency_s: float | None = None) -> dict[str, Any]:
-    """The ~/answer_info record of one query (status: ok | refused | error)."""
-    ms = (lambda s: None if s is None else round(s * 1000.0, 3))
-    return {"id": query_id, "question": echo(question), "answer": answer.text if answer else "", "status": status,
-            "reason": reason, "stamp": answer.newest_frame_stamp if answer else None,
-            "frames_seen": answer.frames_seen if answer else frames_seen,
-            "cache_tokens": answer.cache_tokens if answer else cache_tokens,
-            "tokens": answer.tokens if answer else 0, "ttft_ms": ms(answer.ttft_s) if answer else None,
-            "total_ms": ms(answer.total_s) if answer else None, "latency_ms": ms(latency_s)}
-
-
-def declare_parameters(node: Node) -> dict[str, Any]:
+def declare_parameters(node) -> dict[str, Any]:
     """Declare the table of parameters.py on `node`; their checked values (ParameterError if refused)."""
-    values = {}
+    declare_unchecked(node)
+    return current_parameters(node)
+
+
+def declare_unchecked(node) -> None:
+    """Declare the table of parameters.py on `node` (values are checked at configure)."""
     for spec in PARAMETERS:
-        note = " (read-only after start)" if spec.read_only else ""
-        descriptor = ParameterDescriptor(name=spec.name, type=_ROS_TYPES[spec.type], read_only=spec.read_only,
-                                         description=spec.description + note)
+        note = " (configure-time: change it while unconfigured)" if spec.read_only else ""
+        descriptor = ParameterDescriptor(name=spec.name, type=_ROS_TYPES[spec.type], description=spec.description + note)
         # An empty list cannot carry its type, so an empty default is declared by type alone.
         default = spec.default if spec.default != [] else Parameter.Type.STRING_ARRAY
-        values[spec.name] = node.declare_parameter(spec.name, default, descriptor).value
+        node.declare_parameter(spec.name, default, descriptor)
+
+
+def current_parameters(node) -> dict[str, Any]:
+    """The node's parameter values, checked (ParameterError names the first one refused)."""
+    values = {}
+    for spec in PARAMETERS:
+        try:
+            values[spec.name] = node.get_parameter(spec.name).value
+        except ParameterUninitializedException:  # an empty list, declared by type alone
+            values[spec.name] = None
     return check_all(values)
 
 
-class Cancelled(Exception):
-    """Raised inside the model's forward once the worker is stopping: abandons the work in hand."""
+def unknown_overrides(node) -> list[str]:
+    """Parameters given to the node (--params-file, -p) that it does not declare: ROS ignores them
+    silently, so a misspelt name would do nothing. rclpy keeps them in `_parameter_overrides` and
+    has no public accessor (the same attribute from Humble to Kilted)."""
+    given = getattr(node, "_parameter_overrides", {})
+    return sorted(name for name in given if name not in BY_NAME and name not in _RCLPY_OWN_PARAMETERS
+                  and not name.startswith("qos_overrides."))
 
 
-class SessionWorker:
-    """The one thread that owns the session: feeds frames and answers queries, in queue order.
-
-    It knows nothing of ROS: replies go out through the callables it is given. Stopping cancels
-    at the next model forward (a torch pre-hook), so even an answer that shows no text yet ends
-    within one token.
-    """
-
-    def __init__(self, session: StreamingSession, queue: RequestQueue, stats: NodeStats,
-                 settings: dict[str, Any], publish_piece: Callable[[str], None],
-                 publish_reply: Callable[[dict[str, Any]], None], report: Callable[[str, str], None]) -> None:
-        self.session, self.queue, self.stats, self.settings = session, queue, stats, settings
-        self.publish_piece, self.publish_reply, self.report = publish_piece, publish_reply, report
-        self.stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="infmllm_worker", daemon=True)
-        session.model.register_forward_pre_hook(self._cancellation_point)
-
-    def _cancellation_point(self, module, args) -> None:
-        if self.stopping.is_set():
-            raise Cancelled()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = STOP_JOIN_S) -> bool:
-        """Cancel the work in progress at its next forward and join; False if it did not end in time."""
-        self.stopping.set()
-        self.queue.close()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            item = self.queue.get(timeout=0.5)
-            if item is None:
-                continue
-            kind, camera, payload = item
-            try:
-                if kind == "frame":
-                    self._feed(camera, payload)
-                else:
-                    self._answer(payload)
-            except Cancelled:
-                return
-            except Exception as error:  # a bug must not kill the only thread that answers
-                self.report("internal", f"worker: {type(error).__name__}: {error}")
-                if kind == "query":
-                    self.stats.count_query("error")
-                    self._reply(info_message(payload.id, payload.question, "error", f"internal error: {error}"))
-
-    def _feed(self, camera: str, frame: Frame) -> None:
-        try:
-            timing = self.session.add_frame(frame.rgb, stamp=frame.stamp)
-        except ValueError as error:  # the model cannot take this frame (e.g. too many tokens)
-            self.stats.count_bad("image.rejected_by_model")
-            self.stats.count_frame(camera, "bad")
-            self.report("image.rejected_by_model", f"{camera}: {error}")
-            return
-        self.stats.count_frame(camera, "fed")
-        self.stats.add_latency("ingest", timing.seconds)
-        self.stats.add_latency("frame_age", time.monotonic() - frame.received)
-        self._publish_engine_state()
-
-    def _answer(self, query: Query) -> None:
-        self.stats.set_engine(answering=True)
-        pieces = self.session.stream(query.question, max_new_tokens=self.settings["max_new_tokens"])
-        try:
-            while True:
-                try:
-                    piece = next(pieces)
-                except StopIteration as done:
-                    answer: Answer = done.value
-                    break
-                self.publish_piece(piece)
-        except ValueError as error:  # the engine refused the question
-            self.stats.count_query("error")
-            self._reply(info_message(query.id, query.question, "error", str(error), **self._engine_state()))
-            return
-        finally:
-            self.stats.set_engine(answering=False)
-            self._publish_engine_state()
-        latency = time.monotonic() - query.received
-        self.stats.count_query("answered")
-        self.stats.add_latency("answer", latency)
-        self.stats.add_latency("ttft", answer.ttft_s)
-        self._reply(info_message(query.id, query.question, "ok", answer=answer, latency_s=latency))
-
-    def _reply(self, info: dict[str, Any]) -> None:
-        if not self.stopping.is_set():
-            self.publish_reply(info)
-
-    def _engine_state(self) -> dict[str, int]:
-        return {"frames_seen": self.stats.engine("frames_seen"), "cache_tokens": self.stats.engine("cache_tokens")}
-
-    def _publish_engine_state(self) -> None:
-        self.stats.set_engine(cache_tokens=self.session.cache_tokens, cache_bytes=self.session.cache_bytes,
-                              frames_seen=self.session.frames_seen)
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, BY_NAME, n=1)
+    return f"{name} (did you mean {close[0]}?)" if close else name
 
 
-class InfMLLMNode(Node):
-    """Wiring only: parameters, QoS, topics, timers; the work is in SessionWorker and plain modules."""
+def release_memory(device: str | None) -> None:
+    """Hand freed model memory back: Python's and the CUDA caching allocator's, and glibc's heap
+    (malloc_trim), or the process would keep its peak size after cleanup."""
+    gc.collect()
+    if device and device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass
+
+
+class InfMLLMNode(LifecycleNode):
+    """Wiring only: parameters, topics, transitions; the work is in SessionWorker and plain modules."""
 
     def __init__(self, **node_kwargs: Any) -> None:
         super().__init__(NODE_NAME, **node_kwargs)
-        self.settings = declare_parameters(self)  # ParameterError on a bad value
+        declare_unchecked(self)
+        self.last_failure = ""
+        unknown = unknown_overrides(self)
+        if unknown:
+            raise ParameterError(f"parameters the node does not have: {', '.join(map(_suggest, unknown))} "
+                                 f"(known: {', '.join(sorted(BY_NAME))})")
+        try:
+            self.settings = current_parameters(self)
+        except ParameterError as error:
+            if self.get_parameter("autostart").value:
+                raise   # a plain `ros2 run`: say why and exit
+            # Managed: stay up, unconfigured; configure fails with this reason until it is fixed.
+            self.settings = defaults()
+            self.last_failure = f"parameters: {error}"
+            self.get_logger().error(self.last_failure)
         self.stats = NodeStats()
         self._reports = ThrottledReport()
         self._query_ids = QueryIds()
-        self._frames = LatestFrames()
-        self._queue = RequestQueue(self.settings["query_queue_size"])
-        if self.settings["torch_threads"] > 0:
-            torch.set_num_threads(self.settings["torch_threads"])
-        session = StreamingSession(SessionConfig(**session_settings(self.settings)))  # ModelLoadError, ValueError
-        self.get_logger().info(
-            f"model {session.family} from {self.settings['model_path'] or 'the embedded model'}, cache policy "
-            f"{self.settings['cache_policy']} (budget {self.settings['cache_budget']} tokens)")
+        self._gate = FeedGate(self.settings["frame_rate_hz"])
+        self._session: StreamingSession | None = None
+        self._queue: RequestQueue | None = None
+        self._worker: SessionWorker | None = None
+        self._cameras: dict[str, Any] = {}
+        self._camera_group = ReentrantCallbackGroup()  # cameras decode in parallel; each queues its own frames
+        self.state = "unconfigured"   # the lifecycle state this node is in (rclpy keeps it private)
+        self.log_failures = True      # off while autostart runs: main() prints the one line itself
 
+        # Publishers, the query subscription and the reset service exist in every state, so that a
+        # question asked of an inactive node still gets its refusal.
         self._answer_pub = self.create_publisher(String, "~/answer", _RELIABLE)
         self._stream_pub = self.create_publisher(String, "~/answer_stream", QoSProfile(
             depth=100, reliability=QoSReliabilityPolicy.RELIABLE))
         self._info_pub = self.create_publisher(String, "~/answer_info", QoSProfile(
             depth=QUERY_HISTORY, reliability=QoSReliabilityPolicy.RELIABLE))
         self._stats_pub = self.create_publisher(String, "~/stats", _RELIABLE)
-
-        cameras = ReentrantCallbackGroup()  # cameras decode in parallel; each only writes its own slot
+        # Raw: rclpy would decode invalid UTF-8 into U+FFFD without telling (see queries.decode_string_cdr).
+        self.create_subscription(String, "~/query", self._on_query, QoSProfile(
+            depth=QUERY_HISTORY, reliability=QoSReliabilityPolicy.RELIABLE),
+            callback_group=MutuallyExclusiveCallbackGroup(), raw=True)  # one at a time: answers keep query order
+        self.create_service(Trigger, "~/reset", self._on_reset, callback_group=MutuallyExclusiveCallbackGroup())
         self._timer_group = MutuallyExclusiveCallbackGroup()
+        self._stats_timer = self.create_timer(self.settings["stats_period_s"], self._publish_stats,
+                                              callback_group=self._timer_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+    @property
+    def active(self) -> bool:
+        return self._worker is not None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self.settings = current_parameters(self)
+            if self.settings["torch_threads"] > 0:
+                torch.set_num_threads(self.settings["torch_threads"])
+            self._session = StreamingSession(SessionConfig(**session_settings(self.settings)))
+        except (ParameterError, ModelLoadError, ValueError, OSError, RuntimeError) as error:
+            return self._fail("configure", error)
+        self._gate = FeedGate(self.settings["frame_rate_hz"])
+        config = self._session.config
+        self.get_logger().info(
+            f"configured: model {self._session.family} from {self.settings['model_path'] or 'the embedded model'} "
+            f"on {config.device} ({config.dtype}, quantization {config.quantization}); cache policy "
+            f"{config.cache_policy}, budget {config.cache_budget} tokens, recent window {config.recent_window}")
+        self.last_failure = ""
+        self.state = "inactive"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._queue = RequestQueue(self.settings["query_queue_size"])
+        worker = SessionWorker(self._session, self._queue, self.stats, self.settings, self._publish_piece,
+                               self._publish_reply, self._report)
+        try:
+            self._subscribe_cameras()
+        except Exception as error:  # a topic name ROS refuses, typically
+            self._unsubscribe_cameras()
+            return self._fail("activate", error)
+        worker.start()
+        self._worker = worker
+        self.state = "active"
+        self.get_logger().info(f"active: watching {sorted(self._cameras)}; questions on "
+                               f"{self.resolve_topic_name('~/query')}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker(INACTIVE, cancel=False)   # the answer in hand finishes; the cache stays whole
+        self.state = "inactive"
+        self.get_logger().info("inactive: cameras unsubscribed, questions refused; the cache is kept")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._free_session()
+        self.state = "unconfigured"
+        self.get_logger().info("unconfigured: model and cache freed")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker(SHUTDOWN, cancel=True)
+        self._free_session()
+        self.state = "finalized"
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker(SHUTDOWN, cancel=True)
+        self._free_session()
+        self.state = "unconfigured"
+        return TransitionCallbackReturn.SUCCESS   # back to unconfigured: configure may be retried
+
+    def _fail(self, transition: str, error: Exception) -> TransitionCallbackReturn:
+        hint = ""
+        if isinstance(error, ModelLoadError) and str(embedded_model_path()) in str(error):
+            hint = (" (the embedded model is not in this install: train it with "
+                    "`python -m infmllm_ros.tiny_model.train`, or set model_path)")
+        self.last_failure = f"{transition} failed: {error}{hint}"
+        if self.log_failures:
+            self.get_logger().error(self.last_failure)
+        self._session = None
+        return TransitionCallbackReturn.FAILURE
+
+    def _subscribe_cameras(self) -> None:
         camera_qos = qos_profile_sensor_data if self.settings["image_qos"] == "sensor_data" else QoSProfile(
             depth=5, reliability=QoSReliabilityPolicy.RELIABLE)
-        self._subscriptions_by_camera = {}
         for topics, msg_type, convert in ((self.settings["image_topics"], Image, image_to_rgb),
                                           (self.settings["compressed_image_topics"], CompressedImage,
                                            compressed_to_rgb)):
             for topic in topics:
                 camera = self.resolve_topic_name(topic)  # remappings applied: the name stats report
-                self._subscriptions_by_camera[camera] = self.create_subscription(
-                    msg_type, topic, partial(self._on_image, camera, convert), camera_qos, callback_group=cameras)
+                self._cameras[camera] = self.create_subscription(
+                    msg_type, topic, partial(self._on_image, camera, convert), camera_qos,
+                    callback_group=self._camera_group)
                 self.stats.add_camera(camera)
-        # Raw: rclpy would decode invalid UTF-8 into U+FFFD without telling (see queries.decode_string_cdr).
-        self.create_subscription(String, "~/query", self._on_query, QoSProfile(
-            depth=QUERY_HISTORY, reliability=QoSReliabilityPolicy.RELIABLE),
-            callback_group=MutuallyExclusiveCallbackGroup(), raw=True)  # one at a time: answers keep query order
-        self._frame_timer = self.create_timer(1.0 / self.settings["frame_rate_hz"], self._hand_frames,
-                                              callback_group=self._timer_group)
-        self._stats_timer = self.create_timer(self.settings["stats_period_s"], self._publish_stats,
-                                              callback_group=self._timer_group)
-        self.add_on_set_parameters_callback(self._on_set_parameters)
 
-        self._worker = SessionWorker(session, self._queue, self.stats, self.settings, self._publish_piece,
-                                     self._publish_reply, self._report)
-        self._worker.start()
-        self.get_logger().info(f"watching {sorted(self._subscriptions_by_camera)}; questions on "
-                               f"{self.resolve_topic_name('~/query')}")
+    def _unsubscribe_cameras(self) -> None:
+        for subscription in self._cameras.values():
+            self.destroy_subscription(subscription)
+        self._cameras = {}
+
+    def _stop_worker(self, code: str, cancel: bool) -> bool:
+        self._unsubscribe_cameras()
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return True
+        if worker.stop(code, cancel=cancel):
+            return True
+        # Not the node's logger: after SIGINT its context (and /rosout) is gone.
+        get_logger(NODE_NAME).warning(f"the model did not stop within {STOP_JOIN_S:.0f} s")
+        return False
+
+    def _free_session(self) -> None:
+        device = self._session.config.device if self._session is not None else None
+        self._session = None
+        release_memory(device)
+        self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
 
     # ---- parameters ----------------------------------------------------------------------------
 
     def _on_set_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         updates = {}
         for parameter in parameters:
-            if parameter.name not in BY_NAME:
+            spec = BY_NAME.get(parameter.name)
+            if spec is None:
                 continue  # rclpy's own (use_sim_time, ...)
             try:
                 updates[parameter.name] = check(parameter.name, parameter.value)
             except ParameterError as error:
                 return SetParametersResult(successful=False, reason=str(error))
+            if spec.read_only and self._session is not None:
+                return SetParametersResult(successful=False, reason=(
+                    f"{parameter.name} is read at configure: clean the node up first (lifecycle cleanup), "
+                    "set it, then configure and activate again"))
         self.settings.update(updates)
-        if "query_queue_size" in updates:
+        if "query_queue_size" in updates and self._queue is not None:
             self._queue.max_queries = updates["query_queue_size"]
         if "frame_rate_hz" in updates:
-            self.destroy_timer(self._frame_timer)
-            self._frame_timer = self.create_timer(1.0 / updates["frame_rate_hz"], self._hand_frames,
-                                                  callback_group=self._timer_group)
+            self._gate.rate_hz = updates["frame_rate_hz"]
         if "stats_period_s" in updates:
             self.destroy_timer(self._stats_timer)
             self._stats_timer = self.create_timer(updates["stats_period_s"], self._publish_stats,
                                                   callback_group=self._timer_group)
         return SetParametersResult(successful=True)
 
-    # ---- callbacks: decode, check, store; never the model --------------------------------------
+    # ---- callbacks: decode, check, queue; never the model --------------------------------------
 
     def _on_image(self, camera: str, convert, msg) -> None:
         self.stats.count_frame(camera, "received")
+        stamp = stamp_seconds(msg) or time.time()
+        # Before decoding, so a 30 Hz camera costs one decode per fed frame; a frame skipped here is
+        # not looked at (counted skipped, even if it was malformed). A bad frame does not take the slot.
+        if not self._gate.due(camera, stamp):
+            self.stats.count_frame(camera, "skipped")
+            return
         try:
             rgb = convert(msg, self.settings["max_image_pixels"])
         except ImageConversionError as error:
@@ -309,8 +331,9 @@ class InfMLLMNode(Node):
             self.stats.count_frame(camera, "bad")
             self._bad_input("image.internal", f"{camera}: {type(error).__name__}: {error}")
             return
-        stamp = stamp_seconds(msg) or time.time()
-        if self._frames.put(camera, Frame(rgb, stamp, time.monotonic())):
+        self._gate.commit(camera, stamp)
+        queue = self._queue
+        if queue is not None and queue.put_frame(camera, Frame(rgb, stamp, time.monotonic())):
             self.stats.count_frame(camera, "dropped")
 
     def _on_query(self, raw: bytes) -> None:
@@ -322,31 +345,60 @@ class InfMLLMNode(Node):
             query = parse_query(text, self._query_ids, self.settings["max_query_chars"])
         except QueryRejected as rejected:
             self._bad_input(f"query.{rejected.kind}", rejected.reason)
-            self._refuse(rejected.query_id or self._query_ids(), rejected.question, rejected.reason)
+            self._refuse(rejected.query_id or self._query_ids(), rejected.question, rejected.reason, rejected.kind)
             return
         except Exception as error:
             self._bad_input(f"query.{MALFORMED}", f"{type(error).__name__}: {error}")
-            self._refuse(self._query_ids(), "", f"malformed query: {error}")
+            self._refuse(self._query_ids(), "", f"malformed query: {error}", MALFORMED)
             return
-        if not self._queue.put_query(query):
+        queue = self._queue
+        if queue is None or not self.active:
+            self.stats.count_query(INACTIVE)
+            failure = f" ({self.last_failure})" if self.last_failure else ""
+            self._refuse(query.id, query.question, f"inactive: the node is {self.state}{failure}; activate it "
+                                                   "(lifecycle) to get answers", INACTIVE)
+        elif not queue.put_query(query):
             self.stats.count_query(BUSY)
-            self._refuse(query.id, query.question, f"busy: {self._queue.max_queries} questions are already "
-                                                   "waiting (query_queue_size); ask again later")
+            self._refuse(query.id, query.question, f"busy: {queue.max_queries} questions are already "
+                                                   "waiting (query_queue_size); ask again later", BUSY)
 
-    def _hand_frames(self) -> None:
-        for camera, frame in self._frames.take():
-            if self._queue.put_frame(camera, frame):
-                self.stats.count_frame(camera, "dropped")
+    def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        """Empty the cache and the conversation, keep the model: the robot entered a new room.
+
+        Queued behind what came before it, so an answer in progress and the questions asked before
+        the reset are answered about the old history, and frames after it are the only history.
+        """
+        session, queue = self._session, self._queue
+        if session is None:
+            response.success, response.message = False, "not configured: there is no cache to reset"
+            return response
+        if self.active and queue is not None:
+            reset = ResetRequest()
+            if not queue.put_reset(reset) or not reset.done.wait(RESET_WAIT_S):
+                response.success, response.message = False, f"the worker did not reach the reset in {RESET_WAIT_S:.0f} s"
+                return response
+            forgotten = reset.frames_forgotten
+        else:  # inactive: no worker owns the session now
+            forgotten = session.frames_seen
+            session.reset()
+            self.stats.count_reset()
+            self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
+        self._gate.forget()
+        response.success, response.message = True, f"cache and conversation cleared ({forgotten} frames forgotten)"
+        self.get_logger().info(response.message)
+        return response
 
     def _publish_stats(self) -> None:
-        snapshot = self.stats.snapshot(stamp=time.time(), queued_queries=self._queue.pending_queries)
+        queue = self._queue
+        snapshot = self.stats.snapshot(stamp=time.time(), queued_queries=queue.pending_queries if queue else 0,
+                                       state=self.state, last_failure=self.last_failure)
         self._publish(self._stats_pub, json.dumps(snapshot))
 
     # ---- replies --------------------------------------------------------------------------------
 
-    def _refuse(self, query_id: str, question: str, reason: str) -> None:
+    def _refuse(self, query_id: Any, question: str, reason: str, code: str) -> None:
         self.stats.count_query("refused")
-        self._publish_reply(info_message(query_id, question, "refused", reason,
+        self._publish_reply(info_message(query_id, question, "refused", reason, refusal=code,
                                          frames_seen=self.stats.engine("frames_seen"),
                                          cache_tokens=self.stats.engine("cache_tokens")))
 
@@ -361,7 +413,7 @@ class InfMLLMNode(Node):
     def _publish(self, publisher, text: str) -> None:
         try:
             publisher.publish(String(data=text))
-        except Exception:  # the context went down under us (SIGINT): nothing left to tell
+        except Exception:  # the context went down under us: nothing left to tell
             if self.context.ok():
                 raise
 
@@ -376,32 +428,49 @@ class InfMLLMNode(Node):
             self.get_logger().warning(f"[{kind}] {message}{more}")
 
     def close(self) -> bool:
-        """Stop the worker (cancelling an answer at its next token) and join it; False if it is still running."""
-        if self._worker.stop():
-            return True
-        # Not the node's logger: after SIGINT its context (and /rosout) is gone.
-        get_logger(NODE_NAME).warning(f"the model did not stop within {STOP_JOIN_S:.0f} s")
-        return False
+        """Stop the worker (cancelling an answer at its next token, refusing what waits) and free the
+        model; False if the worker is still running."""
+        joined = self._stop_worker(SHUTDOWN, cancel=True)
+        self._session = None
+        try:  # the refusals just published must reach their readers before the node goes away
+            self._info_pub.wait_for_all_acked(Duration(seconds=REPLY_FLUSH_S))
+        except Exception:  # the context is already down: nothing more can be sent
+            pass
+        return joined
+
+
+def autostart(node: InfMLLMNode) -> bool:
+    """Configure and activate; False (with node.last_failure set) if a transition failed."""
+    node.log_failures = False
+    try:
+        return (node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+                and node.trigger_activate() == TransitionCallbackReturn.SUCCESS)
+    finally:
+        node.log_failures = True
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(args: list[str] | None = None) -> int:
     """Console entry `infmllm_node`: run until SIGINT; exit 2 with one error line on bad settings."""
-    rclpy.init(args=args)
+    # Our own SIGINT handling (Python's KeyboardInterrupt), not rclpy's: rclpy's would shut the
+    # context down first, and the questions still waiting could no longer be told "shutdown".
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     try:
         node = InfMLLMNode()
-    except (ParameterError, ParameterException, ModelLoadError, ValueError, NameValidationException) as error:
-        hint = ""
-        if isinstance(error, InvalidParameterTypeException):
-            hint = " (a double needs a decimal point, e.g. 2.0)"
-        elif isinstance(error, ModelLoadError) and str(embedded_model_path()) in str(error):
-            hint = (" (the embedded model is not in this install: train it with "
-                    "`python -m infmllm_ros.tiny_model.train`, or set model_path)")
+        if node.get_parameter("autostart").value and not autostart(node):
+            raise ParameterError(node.last_failure)
+    except (ParameterError, ParameterException, ValueError) as error:
+        hint = " (a double needs a decimal point, e.g. 2.0)" if "PARAMETER_DOUBLE" in str(error) else ""
         print(f"{NODE_NAME}: error: {error}{hint}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
     except KeyboardInterrupt:  # SIGINT while the model was loading
         rclpy.try_shutdown()
         return 0
+    signal.signal(signal.SIGTERM, _interrupt)  # what launch sends to stop a node: the same path as Ctrl-C
     executor = MultiThreadedExecutor(num_threads=4)
     executor.add_node(node)
     try:
@@ -409,10 +478,9 @@ def main(args: list[str] | None = None) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        # rclpy's handler also passes SIGINT on to Python's, whose KeyboardInterrupt may only land
-        # now, in the middle of joining the worker: ignore it (and any repeat) while shutting down.
+        # A repeated Ctrl-C must not land in the middle of joining the worker: ignore it while closing.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        joined = node.close()
+        joined = node.close()   # waiting questions get "shutdown" while the context still works
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()

@@ -2,9 +2,10 @@
 can change while the node runs.
 
 Plain Python (no rclpy) so the table can be checked against config/infmllm.yaml and the engine's
-SessionConfig without DDS. Parameters that shape the model or the cache, and the topics, are read-only
-after start: changing them would mean reloading the model or resubscribing, which a restart does
-more honestly. The rest (rates, limits) apply at once.
+SessionConfig without DDS. Parameters that shape the model or the cache, and the topics, are
+configure-time (`read_only`): they are read by the lifecycle `configure` transition and may be
+changed only while the node is unconfigured (cleanup, set, configure again), since changing them
+means reloading the model or resubscribing. The rest (rates, limits) apply at once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ Validator = Callable[[Any], "str | None"]  # an error message, or None when the 
 @dataclass(frozen=True)
 class ParameterSpec:
     name: str
-    type: str            # "string" | "integer" | "double" | "string_array"
+    type: str            # "string" | "integer" | "double" | "boolean" | "string_array"
     default: Any
     description: str
     validate: Validator
@@ -115,8 +116,9 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
                   "per eviction", in_range(0.0, 1.0)),
-    ParameterSpec("frame_rate_hz", "double", 1.0, "frames per second fed to the model, per camera (the "
-                  "embedded model was trained at 1 Hz)", in_range(0.0, 100.0, low_open=True), read_only=False),
+    ParameterSpec("frame_rate_hz", "double", 1.0, "frames per second of camera time (header stamps) fed to "
+                  "the model, per camera, so a bag replayed at any speed feeds the same frames (the embedded "
+                  "model was trained at 1 Hz)", in_range(0.0, 100.0, low_open=True), read_only=False),
     ParameterSpec("max_new_tokens", "integer", 16, "longest answer, in tokens", in_range(1, 8192),
                   read_only=False),
     ParameterSpec("query_queue_size", "integer", 8, "questions that may wait; more are refused as busy",
@@ -131,12 +133,15 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   "or reliable", one_of(IMAGE_QOS)),
     ParameterSpec("max_image_pixels", "integer", 3840 * 2160, "larger images are rejected before decoding",
                   in_range(1, 1 << 31), read_only=False),
+    ParameterSpec("autostart", "boolean", True, "walk the lifecycle to active at start (configure, then "
+                  "activate); false leaves the node unconfigured for a lifecycle manager", lambda value: None),
     ParameterSpec("stats_period_s", "double", 1.0, "seconds between ~/stats messages",
                   in_range(0.0, 3600.0, low_open=True), read_only=False),
 )
 BY_NAME: dict[str, ParameterSpec] = {spec.name: spec for spec in PARAMETERS}
 
-_PYTHON_TYPES = {"string": (str,), "integer": (int,), "double": (float, int), "string_array": (list, tuple)}
+_PYTHON_TYPES = {"string": (str,), "integer": (int,), "double": (float, int), "boolean": (bool,),
+                 "string_array": (list, tuple)}
 
 
 def check(name: str, value: Any) -> Any:
@@ -146,7 +151,7 @@ def check(name: str, value: Any) -> Any:
         raise ParameterError(f"unknown parameter {name!r}")
     if spec.type == "string_array" and value is None:
         value = []  # ROS YAML cannot type an empty list: `[]` arrives as "not set"
-    if not isinstance(value, _PYTHON_TYPES[spec.type]) or isinstance(value, bool):
+    if not isinstance(value, _PYTHON_TYPES[spec.type]) or (isinstance(value, bool) and spec.type != "boolean"):
         raise ParameterError(f"{name}: expected {spec.type}, got {value!r}")
     if spec.type == "double":
         value = float(value)

@@ -1,22 +1,17 @@
-"""Questions as they arrive on ~/query: decoded, parsed, refused with a reason, and queued.
+"""Questions as they arrive on ~/query: decoded, parsed, or refused with a reason.
 
 A query is plain text, or JSON {"id": ..., "question": ...} so that a caller can match the answer;
-plain text gets a generated id. The queue is the one hand-off to the worker that owns the model:
-frames and questions leave it in arrival order, so a question is answered after the frames that
-came before it; questions are bounded (refused as busy when full, never dropped), and only the
-newest pending frame of each camera waits.
+plain text gets a generated id. A JSON id comes back as it was sent (an integer stays an integer).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import struct
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable
 
 # Kinds of refusal, as counted in ~/stats and written in ~/answer_info.
 KINDS = EMPTY, TOO_LONG, NOT_UTF8, BAD_JSON, MALFORMED, BUSY = (
@@ -28,6 +23,9 @@ ECHO_CHARS = 200  # how much of a refused question ~/answer_info repeats back
 # JSON query whose question is too long still gets its refusal under its own id.
 _JSON_OVERHEAD_CHARS = 1024
 
+_PEEK_CHARS = 4096
+_ID_NEAR_START = re.compile(r'"id"\s*:\s*(?:(?P<number>-?\d{1,30})\b|(?P<string>"(?:[^"\\]|\\.){0,400}"))')
+
 # CDR encapsulation ids whose std_msgs/String layout is uint32 length + bytes + NUL (XCDR1 and
 # XCDR2 plain, big and little endian).
 _PLAIN_CDR = {b"\x00\x00": ">", b"\x00\x01": "<", b"\x00\x06": ">", b"\x00\x07": "<"}
@@ -35,7 +33,7 @@ _PLAIN_CDR = {b"\x00\x00": ">", b"\x00\x01": "<", b"\x00\x06": ">", b"\x00\x07":
 
 @dataclass(frozen=True)
 class Query:
-    id: str
+    id: str | int
     question: str
     received: float = field(default_factory=time.monotonic)  # for queue + answer latency
 
@@ -43,7 +41,7 @@ class Query:
 class QueryRejected(ValueError):
     """A query that will get a refusal, not an answer; `kind` is one of KINDS."""
 
-    def __init__(self, kind: str, reason: str, query_id: str | None = None, question: str = "") -> None:
+    def __init__(self, kind: str, reason: str, query_id: str | int | None = None, question: str = "") -> None:
         super().__init__(reason)
         self.kind, self.reason, self.query_id = kind, reason, query_id
         self.question = echo(question)
@@ -88,11 +86,12 @@ def parse_query(text: str, ids: QueryIds, max_chars: int = DEFAULT_MAX_CHARS) ->
     """A Query from ~/query text, or QueryRejected with the reason."""
     if len(text) > 2 * max_chars + _JSON_OVERHEAD_CHARS:
         raise QueryRejected(TOO_LONG, f"query is {len(text)} characters; max_query_chars is {max_chars}",
-                            ids(), text)
+                            _peek_id(text) if text.lstrip().startswith("{") else ids(), text)
     query_id, question = None, text
     if text.lstrip().startswith("{"):
         query_id, question = _parse_json(text, ids)
-    query_id = query_id or ids()
+    if query_id is None:
+        query_id = ids()
     if not question.strip():
         raise QueryRejected(EMPTY, "question is empty", query_id)
     if len(question) > max_chars:
@@ -101,7 +100,26 @@ def parse_query(text: str, ids: QueryIds, max_chars: int = DEFAULT_MAX_CHARS) ->
     return Query(query_id, question.strip())
 
 
-def _parse_json(text: str, ids: QueryIds) -> tuple[str | None, str]:
+def _peek_id(text: str) -> str | int | None:
+    """The "id" of a JSON query too long to parse, read from its first characters only.
+
+    A regular expression over a bounded prefix, not json.loads, so a multi-megabyte message cannot
+    stall the callback; an id that is not near the start (or not a plain string or integer) is
+    not found, and the refusal then goes out under a generated id.
+    """
+    match = _ID_NEAR_START.search(text, 0, _PEEK_CHARS)
+    if match is None:
+        return None
+    if match.group("number") is not None:
+        return int(match.group("number"))
+    try:
+        query_id = json.loads(match.group("string"))
+    except json.JSONDecodeError:
+        return None
+    return query_id if query_id and len(query_id) <= MAX_ID_CHARS else None
+
+
+def _parse_json(text: str, ids: QueryIds) -> tuple[str | int | None, str]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -111,76 +129,11 @@ def _parse_json(text: str, ids: QueryIds) -> tuple[str | None, str]:
     query_id = data.get("id")
     if query_id is not None and (isinstance(query_id, bool) or not isinstance(query_id, (str, int))):
         raise QueryRejected(BAD_JSON, f'"id" must be a string or an integer, not {query_id!r}', ids(), text)
-    query_id = None if query_id in (None, "") else str(query_id)
-    if query_id is not None and len(query_id) > MAX_ID_CHARS:
+    if query_id == "":
+        query_id = None
+    if query_id is not None and len(str(query_id)) > MAX_ID_CHARS:
         raise QueryRejected(BAD_JSON, f'"id" is longer than {MAX_ID_CHARS} characters', ids(), text)
     question = data.get("question")
     if not isinstance(question, str):
         raise QueryRejected(BAD_JSON, 'JSON query needs a "question" string', query_id or ids(), text)
     return query_id, question
-
-
-class RequestQueue:
-    """The worker's inbox: frames and queries in arrival order (thread-safe).
-
-    At most `max_queries` queries wait (put_query refuses beyond that); a camera's newer frame
-    replaces its pending one, which moves to the back so that order stays chronological.
-    """
-
-    def __init__(self, max_queries: int) -> None:
-        self.max_queries = max_queries
-        self._items: deque[tuple[str, Hashable, Any]] = deque()
-        self._queries = 0
-        self._closed = False
-        self._ready = threading.Condition()
-
-    def put_query(self, query: Query) -> bool:
-        with self._ready:
-            if self._closed or self._queries >= self.max_queries:
-                return False
-            self._items.append(("query", None, query))
-            self._queries += 1
-            self._ready.notify()
-            return True
-
-    def put_frame(self, camera: Hashable, frame: Any) -> bool:
-        """Queue a frame; True when it replaced one of the same camera that had not been taken."""
-        with self._ready:
-            if self._closed:
-                return False
-            replaced = False
-            for index, (kind, key, _) in enumerate(self._items):
-                if kind == "frame" and key == camera:
-                    del self._items[index]
-                    replaced = True
-                    break
-            self._items.append(("frame", camera, frame))
-            self._ready.notify()
-            return replaced
-
-    def get(self, timeout: float | None = None) -> tuple[str, Hashable, Any] | None:
-        """The oldest item as (kind, camera or None, payload); None on timeout or once closed."""
-        with self._ready:
-            if not self._items and not self._closed:
-                self._ready.wait(timeout)
-            if self._closed or not self._items:
-                return None
-            item = self._items.popleft()
-            if item[0] == "query":
-                self._queries -= 1
-            return item
-
-    def close(self) -> list[Query]:
-        """Stop handing out items; returns the queries that were still waiting."""
-        with self._ready:
-            self._closed = True
-            waiting = [payload for kind, _, payload in self._items if kind == "query"]
-            self._items.clear()
-            self._queries = 0
-            self._ready.notify_all()
-            return waiting
-
-    @property
-    def pending_queries(self) -> int:
-        with self._ready:
-            return self._queries

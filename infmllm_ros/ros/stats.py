@@ -43,9 +43,15 @@ class LatencyWindow:
 
 
 class NodeStats:
-    """Counters per camera, bad inputs per kind, queries per outcome, latencies, cache size."""
+    """Counters per camera, bad inputs per kind, queries per outcome, latencies, cache size.
 
-    CAMERA_COUNTERS = ("received", "fed", "dropped", "bad")
+    Per camera, received = skipped (not due at frame_rate_hz, by design) + dropped (replaced
+    before the model could take it: the model is slower than the feed rate) + bad + failed
+    (the model raised while feeding it) + fed, plus at most the frames still waiting.
+    """
+
+    CAMERA_COUNTERS = ("received", "skipped", "dropped", "bad", "failed", "fed")
+    QUERY_OUTCOMES = ("received", "answered", "refused", "busy", "no_frames", "inactive", "shutdown", "error")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,10 +61,13 @@ class NodeStats:
         self._queries: Counter = Counter()
         self._latency: dict[str, LatencyWindow] = defaultdict(LatencyWindow)
         self._engine: dict[str, Any] = {"cache_tokens": 0, "cache_bytes": 0, "frames_seen": 0, "answering": False}
+        self._resets = 0
 
     def add_camera(self, camera: str) -> None:
         with self._lock:
-            self._cameras[camera].update({name: 0 for name in self.CAMERA_COUNTERS})
+            counts = self._cameras[camera]   # a camera subscribed again (re-activate) keeps its counts
+            for name in self.CAMERA_COUNTERS:
+                counts.setdefault(name, 0)
 
     def count_frame(self, camera: str, counter: str, n: int = 1) -> None:
         with self._lock:
@@ -70,9 +79,13 @@ class NodeStats:
             self._bad[kind] += 1
 
     def count_query(self, outcome: str) -> None:
-        """outcome: received | answered | refused | busy (also counted as refused) | error."""
+        """outcome: one of QUERY_OUTCOMES; busy, no_frames, inactive and shutdown are also counted as refused."""
         with self._lock:
             self._queries[outcome] += 1
+
+    def count_reset(self) -> None:
+        with self._lock:
+            self._resets += 1
 
     def add_latency(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -94,7 +107,8 @@ class NodeStats:
                 "uptime_s": round(time.monotonic() - self._started, 3),
                 "cameras": {camera: dict(counts) for camera, counts in self._cameras.items()},
                 "bad_input": dict(self._bad),
-                "queries": {name: self._queries[name] for name in ("received", "answered", "refused", "busy", "error")},
+                "queries": {name: self._queries[name] for name in self.QUERY_OUTCOMES},
+                "resets": self._resets,
                 "answering": engine["answering"],
                 "frames_seen": engine["frames_seen"],
                 "cache_tokens": engine["cache_tokens"],

@@ -1,0 +1,185 @@
+"""The one thread that owns the model session: feeds frames, answers questions, resets, in queue order.
+
+Knows nothing of ROS (replies leave through the callables it is given), so tests drive it with a
+real session and no DDS. Its promise: every query it takes or that is waiting when it stops gets
+exactly one reply (answered, refused or error); none is dropped, none answered twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from infmllm_ros.engine.session import Answer, StreamingSession
+
+from .mailbox import FRAME, QUERY, RESET, Frame, RequestQueue, ResetRequest
+from .queries import Query, echo
+from .stats import NodeStats
+
+STOP_JOIN_S = 10.0
+# Refusal codes the worker gives (the node adds busy, inactive and the query-parsing kinds).
+NO_FRAMES, INACTIVE, SHUTDOWN = "no_frames", "inactive", "shutdown"
+_REASONS = {
+    NO_FRAMES: "no_frames: no camera frame has reached the model yet (check image_topics and that the camera "
+               "publishes)",
+    INACTIVE: "inactive: the node was deactivated before this question was answered",
+    SHUTDOWN: "shutdown: the node stopped before this question was answered",
+}
+
+
+def info_message(query_id: Any, question: str, status: str, reason: str = "", answer: Answer | None = None,
+                 frames_seen: int = 0, cache_tokens: int = 0, latency_s: float | None = None,
+                 refusal: str = "") -> dict[str, Any]:
+    """The ~/answer_info record of one query (status: ok | refused | error; refusal: the short code)."""
+    ms = (lambda s: None if s is None else round(s * 1000.0, 3))
+    return {"id": query_id, "question": echo(question), "answer": answer.text if answer else "", "status": status,
+            "reason": reason, "refusal": refusal, "stamp": answer.newest_frame_stamp if answer else None,
+            "frames_seen": answer.frames_seen if answer else frames_seen,
+            "cache_tokens": answer.cache_tokens if answer else cache_tokens,
+            "tokens": answer.tokens if answer else 0, "ttft_ms": ms(answer.ttft_s) if answer else None,
+            "total_ms": ms(answer.total_s) if answer else None, "latency_ms": ms(latency_s)}
+
+
+class Cancelled(Exception):
+    """Raised inside the model's forward once the worker is cancelled: abandons the work in hand."""
+
+
+class SessionWorker:
+    """Takes frames, questions and resets from `queue` in order and works them on `session`.
+
+    stop() ends it in one of two ways: finishing the item in hand (deactivate: the cache stays
+    whole for the next activate) or cancelling it at the model's next forward (shutdown: a torch
+    pre-hook, so even an answer that shows no text yet ends within one token). Either way the
+    questions still waiting are refused with the stop's reason.
+    """
+
+    def __init__(self, session: StreamingSession, queue: RequestQueue, stats: NodeStats,
+                 settings: dict[str, Any], publish_piece: Callable[[str], None],
+                 publish_reply: Callable[[dict[str, Any]], None], report: Callable[[str, str], None]) -> None:
+        self.session, self.queue, self.stats, self.settings = session, queue, stats, settings
+        self.publish_piece, self.publish_reply, self.report = publish_piece, publish_reply, report
+        self._cancel = threading.Event()
+        self._stopping = threading.Event()
+        self._stop_code = SHUTDOWN
+        self._thread = threading.Thread(target=self._run, name="infmllm_worker", daemon=True)
+        self._hook = None
+
+    def start(self) -> None:
+        self._hook = self.session.model.register_forward_pre_hook(self._cancellation_point)
+        self._thread.start()
+
+    def stop(self, code: str = SHUTDOWN, cancel: bool = True, timeout: float = STOP_JOIN_S) -> bool:
+        """Stop taking work, refuse what waits with `code`; False if the thread did not end in time."""
+        self._stop_code = code
+        if cancel:
+            self._cancel.set()
+        self._stopping.set()
+        for kind, payload in self.queue.close():
+            if kind == QUERY:
+                self._refuse(payload, code)
+            else:
+                payload.done.set()   # a reset still waiting: nothing to forget any more
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._hook is not None and not self._thread.is_alive():
+            self._hook.remove()
+            self._hook = None
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _cancellation_point(self, module, args) -> None:
+        if self._cancel.is_set():
+            raise Cancelled()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            item = self.queue.get(timeout=0.5)
+            if item is None:
+                continue
+            kind, camera, payload = item
+            try:
+                if kind == FRAME:
+                    self._feed(camera, payload)
+                elif kind == QUERY:
+                    self._answer(payload)
+                else:
+                    self._reset(payload)
+            except Cancelled:
+                if kind == QUERY:
+                    self._refuse(payload, self._stop_code)
+                return
+            except Exception as error:  # a bug must not kill the only thread that answers
+                self.report("internal", f"worker: {type(error).__name__}: {error}")
+                if kind == QUERY:
+                    self.stats.count_query("error")
+                    self.publish_reply(info_message(payload.id, payload.question, "error",
+                                                    f"internal error: {error}", **self._engine_state()))
+                elif kind == FRAME:
+                    self.stats.count_frame(camera, "failed")
+                    self.stats.count_bad("image.feed_failed")
+                else:
+                    payload.done.set()
+
+    def _feed(self, camera: str, frame: Frame) -> None:
+        try:
+            timing = self.session.add_frame(frame.rgb, stamp=frame.stamp)
+        except ValueError as error:  # the model cannot take this frame (e.g. too many tokens)
+            self.stats.count_bad("image.rejected_by_model")
+            self.stats.count_frame(camera, "bad")
+            self.report("image.rejected_by_model", f"{camera}: {error}")
+            return
+        self.stats.count_frame(camera, "fed")
+        self.stats.add_latency("ingest", timing.seconds)
+        self.stats.add_latency("frame_age", time.monotonic() - frame.received)
+        self._publish_engine_state()
+
+    def _answer(self, query: Query) -> None:
+        if self.session.frames_seen == 0:
+            self._refuse(query, NO_FRAMES)
+            return
+        self.stats.set_engine(answering=True)
+        pieces = self.session.stream(query.question, max_new_tokens=self.settings["max_new_tokens"])
+        try:
+            while True:
+                try:
+                    piece = next(pieces)
+                except StopIteration as done:
+                    answer: Answer = done.value
+                    break
+                self.publish_piece(piece)
+        except ValueError as error:  # the engine refused the question
+            self.stats.count_query("error")
+            self.publish_reply(info_message(query.id, query.question, "error", str(error), **self._engine_state()))
+            return
+        finally:
+            self.stats.set_engine(answering=False)
+            self._publish_engine_state()
+        latency = time.monotonic() - query.received
+        self.stats.count_query("answered")
+        self.stats.add_latency("answer", latency)
+        self.stats.add_latency("ttft", answer.ttft_s)
+        self.publish_reply(info_message(query.id, query.question, "ok", answer=answer, latency_s=latency))
+
+    def _reset(self, request: ResetRequest) -> None:
+        request.frames_forgotten = self.session.frames_seen
+        self.session.reset()
+        self._publish_engine_state()
+        self.stats.count_reset()
+        request.done.set()
+
+    def _refuse(self, query: Query, code: str) -> None:
+        self.stats.count_query("refused")
+        self.stats.count_query(code)
+        self.publish_reply(info_message(query.id, query.question, "refused", _REASONS[code], refusal=code,
+                                        **self._engine_state()))
+
+    def _engine_state(self) -> dict[str, int]:
+        return {"frames_seen": self.stats.engine("frames_seen"), "cache_tokens": self.stats.engine("cache_tokens")}
+
+    def _publish_engine_state(self) -> None:
+        self.stats.set_engine(cache_tokens=self.session.cache_tokens, cache_bytes=self.session.cache_bytes,
+                              frames_seen=self.session.frames_seen)
