@@ -212,10 +212,12 @@ class NodeListener:
         assert wait_until(lambda: publisher.get_subscription_count() > 0, 20.0), f"nobody subscribes to {topic}"
         return publisher
 
-    def ask(self, question: str, query_id: str | None = None) -> None:
+    def ask(self, question: str, query_id: str | int | None = None, camera: str | None = None) -> None:
         from std_msgs.msg import String
-        data = question if query_id is None else json.dumps({"id": query_id, "question": question})
-        self.query_publisher.publish(String(data=data))
+        query = {"id": query_id, "question": question} if query_id is not None else None
+        if camera is not None:
+            query = {**(query or {"question": question}), "camera": camera}
+        self.query_publisher.publish(String(data=question if query is None else json.dumps(query)))
 
     def send_raw_query(self, serialized: bytes) -> None:
         self.query_publisher.publish(serialized)

@@ -207,6 +207,15 @@ def test_json_queries_keep_their_id(query_id):
     assert query.question == "how many objects are in view?"
 
 
+def test_json_query_may_name_its_camera():
+    assert parse_query('{"id": 1, "question": "what is in view?", "camera": "/left/image"}', QueryIds()).camera \
+        == "/left/image"
+    assert parse_query("what is in view?", QueryIds()).camera is None
+    with pytest.raises(QueryRejected) as caught:
+        parse_query('{"id": "c", "question": "what?", "camera": 3}', QueryIds())
+    assert caught.value.kind == queries.BAD_JSON and caught.value.query_id == "c"
+
+
 def test_json_without_id_gets_one():
     assert parse_query('{"question": "what colour?"}', QueryIds()).id.startswith("auto-")
 

@@ -9,11 +9,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from infmllm_ros.engine.session import SessionConfig, StreamingSession
+from infmllm_ros.engine.session import SessionConfig
+from infmllm_ros.ros.camera_sessions import CameraSessions
 from infmllm_ros.ros.mailbox import FeedGate, Frame, RequestQueue, ResetRequest
 from infmllm_ros.ros.queries import Query
 from infmllm_ros.ros.stats import NodeStats
-from infmllm_ros.ros.worker import INACTIVE, NO_FRAMES, SHUTDOWN, SessionWorker
+from infmllm_ros.ros.worker import INACTIVE, NO_FRAMES, SHUTDOWN, UNKNOWN_CAMERA, SessionWorker
 from node_helpers import save_babbling_model, wait_until
 from infmllm_ros.testing.tiny_models import save
 
@@ -87,11 +88,11 @@ class Replies:
             return Counter(info["id"] for info in self.infos)
 
 
-def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50):
-    session = StreamingSession(SessionConfig(model_path=str(model_dir), cache_policy="full",
-                                             max_new_tokens=max_new_tokens))
+def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50, cameras=("cam",)):
+    sessions = CameraSessions(SessionConfig(model_path=str(model_dir), cache_policy="full",
+                                            max_new_tokens=max_new_tokens), list(cameras))
     queue, stats, replies = RequestQueue(max_queries), NodeStats(), Replies()
-    worker = SessionWorker(session, queue, stats, {"max_new_tokens": max_new_tokens}, replies.piece, replies.reply,
+    worker = SessionWorker(sessions, queue, stats, {"max_new_tokens": max_new_tokens}, replies.piece, replies.reply,
                            lambda kind, message: None)
     worker.start()
     return worker, queue, stats, replies
@@ -130,7 +131,7 @@ def test_reset_waits_its_turn_and_empties_the_history(random_model_dir):
         infos = replies.by_id()
         assert infos["old"]["status"] == "ok", "asked before the reset: answered about the old history"
         assert infos["new"]["refusal"] == NO_FRAMES, "after the reset no frame is left"
-        assert worker.session.cache_tokens == 0 and stats.snapshot()["resets"] == 1
+        assert worker.sessions.cache_tokens == 0 and stats.snapshot()["resets"] == 1
     finally:
         assert worker.stop()
 
@@ -153,3 +154,30 @@ def test_stopping_replies_to_every_query_exactly_once(babbling_dir, cancel, code
     assert all(infos[query_id]["refusal"] == code for query_id in ids[1:])
     assert stats.snapshot()["queries"][code] == len(ids) - (0 if cancel else 1)
     assert not queue.put_query(Query("late", "x")), "a stopped worker's queue takes nothing more"
+
+
+def test_cameras_never_share_a_cache(random_model_dir):
+    """Two cameras, one model: each question is answered from its own camera's frames only."""
+    worker, queue, stats, replies = start_worker(random_model_dir, cameras=("/left", "/right"))
+    try:
+        sessions = worker.sessions.sessions
+        assert sessions["/left"].model is sessions["/right"].model, "the weights are loaded once"
+        for stamp in (1.0, 2.0):
+            queue.put_frame("/left", Frame(np.zeros((48, 64, 3), np.uint8), stamp=stamp, received=0.0))
+        queue.put_query(Query("default", "what is in view?"))               # the first camera with frames
+        queue.put_query(Query("right", "what is in view?", camera="/right"))
+        queue.put_query(Query("nowhere", "what is in view?", camera="/rear"))
+        queue.put_frame("/right", Frame(np.zeros((48, 64, 3), np.uint8), stamp=9.0, received=0.0))
+        queue.put_query(Query("right-fed", "what is in view?", camera="/right"))
+        assert wait_until(lambda: len(replies.infos) == 4, 60)
+        infos = replies.by_id()
+        # the second left frame replaced the first, still waiting: one left frame fed, the newest
+        assert infos["default"]["camera"] == "/left" and infos["default"]["frames_seen"] == 1
+        assert infos["default"]["stamp"] == 2.0
+        assert infos["right"]["refusal"] == NO_FRAMES, "the left camera's frames do not answer for the right"
+        assert infos["nowhere"]["refusal"] == UNKNOWN_CAMERA and "/left" in infos["nowhere"]["reason"]
+        assert infos["right-fed"]["camera"] == "/right" and infos["right-fed"]["frames_seen"] == 1
+        assert infos["right-fed"]["stamp"] == 9.0
+        assert stats.snapshot()["frames_seen"] == 2
+    finally:
+        assert worker.stop()

@@ -1,20 +1,20 @@
-"""`infmllm_node`: camera topics in, answers to ~/query out, through one bounded-cache MLLM session.
+"""`infmllm_node`: camera topics in, answers to ~/query out, through bounded-cache MLLM sessions.
 
 A lifecycle (managed) node, as yolo_ros and llama_ros ship theirs: `configure` loads the model and
-builds the session, `activate` subscribes to the cameras and starts the worker, `deactivate` stops
-feeding and answering but keeps the cache, `cleanup` frees the model. With `autostart` (default)
+builds one session per camera (camera_sessions.py), `activate` subscribes to the cameras and starts
+the worker, `deactivate` stops feeding and answering but keeps the caches, `cleanup` frees the model. With `autostart` (default)
 it walks to active by itself, so `ros2 run` and `infmllm-run` give a working node in one command.
 
 Threads, and why: camera and query callbacks only decode, check and queue (they never touch the
-model), so a long answer cannot block a camera; one worker thread (worker.py) owns the session
-(it is not thread-safe) and takes frames, questions and resets in arrival order (mailbox.py). A
+model), so a long answer cannot block a camera; one worker thread (worker.py) owns the sessions
+(they are not thread-safe) and takes frames, questions and resets in arrival order (mailbox.py). A
 MultiThreadedExecutor with separate callback groups keeps cameras, queries, services and timers
 running side by side.
 
-Topics: ~/query (std_msgs/String, text or JSON {"id","question"}), ~/answer (answer text),
+Topics: ~/query (std_msgs/String, text or JSON {"id","question","camera"}), ~/answer (answer text),
 ~/answer_stream (each new piece of text as it is generated), ~/answer_info (JSON per query:
 answered, refused or error, with reason and timings; exactly one per query), ~/stats (JSON every
-stats_period_s). Service: ~/reset (std_srvs/Trigger) empties the cache and conversation.
+stats_period_s). Service: ~/reset (std_srvs/Trigger) empties the caches and conversations.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -48,9 +49,10 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
 from infmllm_ros.engine.loading import ModelLoadError
-from infmllm_ros.engine.session import SessionConfig, StreamingSession
+from infmllm_ros.engine.session import SessionConfig
 from infmllm_ros.models import embedded_model_path
 
+from .camera_sessions import CameraSessions
 from .image_conversion import ImageConversionError, compressed_to_rgb, image_to_rgb, stamp_seconds
 from .mailbox import FeedGate, Frame, RequestQueue, ResetRequest
 from .parameters import BY_NAME, PARAMETERS, ParameterError, check, check_all, defaults, session_settings
@@ -148,7 +150,7 @@ class InfMLLMNode(LifecycleNode):
         self._reports = ThrottledReport()
         self._query_ids = QueryIds()
         self._gate = FeedGate(self.settings["frame_rate_hz"])
-        self._session: StreamingSession | None = None
+        self._sessions: CameraSessions | None = None   # one cache per camera, one model
         self._queue: RequestQueue | None = None
         self._worker: SessionWorker | None = None
         self._cameras: dict[str, Any] = {}
@@ -185,22 +187,25 @@ class InfMLLMNode(LifecycleNode):
             self.settings = current_parameters(self)
             if self.settings["torch_threads"] > 0:
                 torch.set_num_threads(self.settings["torch_threads"])
-            self._session = StreamingSession(SessionConfig(**session_settings(self.settings)))
+            cameras = [self.resolve_topic_name(topic) for topic in
+                        self.settings["image_topics"] + self.settings["compressed_image_topics"]]
+            self._sessions = CameraSessions(SessionConfig(**session_settings(self.settings)), cameras)
         except (ParameterError, ModelLoadError, ValueError, OSError, RuntimeError) as error:
             return self._fail("configure", error)
         self._gate = FeedGate(self.settings["frame_rate_hz"])
-        config = self._session.config
+        config = self._sessions.config
         self.get_logger().info(
-            f"configured: model {self._session.family} from {self.settings['model_path'] or 'the embedded model'} "
+            f"configured: model {self._sessions.family} from {self.settings['model_path'] or 'the embedded model'} "
             f"on {config.device} ({config.dtype}, quantization {config.quantization}); cache policy "
-            f"{config.cache_policy}, budget {config.cache_budget} tokens, recent window {config.recent_window}")
+            f"{config.cache_policy}, budget {config.cache_budget} tokens, recent window {config.recent_window}; "
+            f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}")
         self.last_failure = ""
         self.state = "inactive"
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._queue = RequestQueue(self.settings["query_queue_size"])
-        worker = SessionWorker(self._session, self._queue, self.stats, self.settings, self._publish_piece,
+        worker = SessionWorker(self._sessions, self._queue, self.stats, self.settings, self._publish_piece,
                                self._publish_reply, self._report)
         try:
             self._subscribe_cameras()
@@ -221,20 +226,20 @@ class InfMLLMNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._free_session()
+        self._free_sessions()
         self.state = "unconfigured"
         self.get_logger().info("unconfigured: model and cache freed")
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_worker(SHUTDOWN, cancel=True)
-        self._free_session()
+        self._free_sessions()
         self.state = "finalized"
         return TransitionCallbackReturn.SUCCESS
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_worker(SHUTDOWN, cancel=True)
-        self._free_session()
+        self._free_sessions()
         self.state = "unconfigured"
         return TransitionCallbackReturn.SUCCESS   # back to unconfigured: configure may be retried
 
@@ -246,7 +251,7 @@ class InfMLLMNode(LifecycleNode):
         self.last_failure = f"{transition} failed: {error}{hint}"
         if self.log_failures:
             self.get_logger().error(self.last_failure)
-        self._session = None
+        self._sessions = None
         return TransitionCallbackReturn.FAILURE
 
     def _subscribe_cameras(self) -> None:
@@ -278,9 +283,9 @@ class InfMLLMNode(LifecycleNode):
         get_logger(NODE_NAME).warning(f"the model did not stop within {STOP_JOIN_S:.0f} s")
         return False
 
-    def _free_session(self) -> None:
-        device = self._session.config.device if self._session is not None else None
-        self._session = None
+    def _free_sessions(self) -> None:
+        device = self._sessions.config.device if self._sessions is not None else None
+        self._sessions = None
         release_memory(device)
         self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
 
@@ -296,7 +301,7 @@ class InfMLLMNode(LifecycleNode):
                 updates[parameter.name] = check(parameter.name, parameter.value)
             except ParameterError as error:
                 return SetParametersResult(successful=False, reason=str(error))
-            if spec.read_only and self._session is not None:
+            if spec.read_only and self._sessions is not None:
                 return SetParametersResult(successful=False, reason=(
                     f"{parameter.name} is read at configure: clean the node up first (lifecycle cleanup), "
                     "set it, then configure and activate again"))
@@ -345,12 +350,15 @@ class InfMLLMNode(LifecycleNode):
             query = parse_query(text, self._query_ids, self.settings["max_query_chars"])
         except QueryRejected as rejected:
             self._bad_input(f"query.{rejected.kind}", rejected.reason)
-            self._refuse(rejected.query_id or self._query_ids(), rejected.question, rejected.reason, rejected.kind)
+            query_id = self._query_ids() if rejected.query_id is None else rejected.query_id
+            self._refuse(query_id, rejected.question, rejected.reason, rejected.kind)
             return
         except Exception as error:
             self._bad_input(f"query.{MALFORMED}", f"{type(error).__name__}: {error}")
             self._refuse(self._query_ids(), "", f"malformed query: {error}", MALFORMED)
             return
+        if query.camera is not None and not query.camera.startswith("/"):
+            query = replace(query, camera=self._camera_name(query.camera))
         queue = self._queue
         if queue is None or not self.active:
             self.stats.count_query(INACTIVE)
@@ -362,14 +370,22 @@ class InfMLLMNode(LifecycleNode):
             self._refuse(query.id, query.question, f"busy: {queue.max_queries} questions are already "
                                                    "waiting (query_queue_size); ask again later", BUSY)
 
+    def _camera_name(self, topic: str) -> str:
+        """A camera named relative to the node's namespace, as the stats name it (unresolvable names
+        are kept, and refused as unknown by the worker)."""
+        try:
+            return self.resolve_topic_name(topic)
+        except Exception:
+            return topic
+
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         """Empty the cache and the conversation, keep the model: the robot entered a new room.
 
         Queued behind what came before it, so an answer in progress and the questions asked before
         the reset are answered about the old history, and frames after it are the only history.
         """
-        session, queue = self._session, self._queue
-        if session is None:
+        sessions, queue = self._sessions, self._queue
+        if sessions is None:
             response.success, response.message = False, "not configured: there is no cache to reset"
             return response
         if self.active and queue is not None:
@@ -378,9 +394,8 @@ class InfMLLMNode(LifecycleNode):
                 response.success, response.message = False, f"the worker did not reach the reset in {RESET_WAIT_S:.0f} s"
                 return response
             forgotten = reset.frames_forgotten
-        else:  # inactive: no worker owns the session now
-            forgotten = session.frames_seen
-            session.reset()
+        else:  # inactive: no worker owns the sessions now
+            forgotten = sessions.reset()
             self.stats.count_reset()
             self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
         self._gate.forget()
@@ -431,7 +446,7 @@ class InfMLLMNode(LifecycleNode):
         """Stop the worker (cancelling an answer at its next token, refusing what waits) and free the
         model; False if the worker is still running."""
         joined = self._stop_worker(SHUTDOWN, cancel=True)
-        self._session = None
+        self._sessions = None
         try:  # the refusals just published must reach their readers before the node goes away
             self._info_pub.wait_for_all_acked(Duration(seconds=REPLY_FLUSH_S))
         except Exception:  # the context is already down: nothing more can be sent

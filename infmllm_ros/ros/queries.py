@@ -35,6 +35,7 @@ _PLAIN_CDR = {b"\x00\x00": ">", b"\x00\x01": "<", b"\x00\x06": ">", b"\x00\x07":
 class Query:
     id: str | int
     question: str
+    camera: str | None = None   # the camera the question is about (JSON "camera"); None: the default one
     received: float = field(default_factory=time.monotonic)  # for queue + answer latency
 
 
@@ -87,9 +88,9 @@ def parse_query(text: str, ids: QueryIds, max_chars: int = DEFAULT_MAX_CHARS) ->
     if len(text) > 2 * max_chars + _JSON_OVERHEAD_CHARS:
         raise QueryRejected(TOO_LONG, f"query is {len(text)} characters; max_query_chars is {max_chars}",
                             _peek_id(text) if text.lstrip().startswith("{") else ids(), text)
-    query_id, question = None, text
+    query_id, question, camera = None, text, None
     if text.lstrip().startswith("{"):
-        query_id, question = _parse_json(text, ids)
+        query_id, question, camera = _parse_json(text, ids)
     if query_id is None:
         query_id = ids()
     if not question.strip():
@@ -97,7 +98,7 @@ def parse_query(text: str, ids: QueryIds, max_chars: int = DEFAULT_MAX_CHARS) ->
     if len(question) > max_chars:
         raise QueryRejected(TOO_LONG, f"question is {len(question)} characters; max_query_chars is {max_chars}",
                             query_id, question)
-    return Query(query_id, question.strip())
+    return Query(query_id, question.strip(), camera)
 
 
 def _peek_id(text: str) -> str | int | None:
@@ -119,7 +120,7 @@ def _peek_id(text: str) -> str | int | None:
     return query_id if query_id and len(query_id) <= MAX_ID_CHARS else None
 
 
-def _parse_json(text: str, ids: QueryIds) -> tuple[str | int | None, str]:
+def _parse_json(text: str, ids: QueryIds) -> tuple[str | int | None, str, str | None]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -135,5 +136,12 @@ def _parse_json(text: str, ids: QueryIds) -> tuple[str | int | None, str]:
         raise QueryRejected(BAD_JSON, f'"id" is longer than {MAX_ID_CHARS} characters', ids(), text)
     question = data.get("question")
     if not isinstance(question, str):
-        raise QueryRejected(BAD_JSON, 'JSON query needs a "question" string', query_id or ids(), text)
-    return query_id, question
+        raise QueryRejected(BAD_JSON, 'JSON query needs a "question" string', _or_new(query_id, ids), text)
+    camera = data.get("camera")
+    if camera is not None and (not isinstance(camera, str) or not camera.strip()):
+        raise QueryRejected(BAD_JSON, '"camera" must be a topic name string', _or_new(query_id, ids), text)
+    return query_id, question, camera
+
+
+def _or_new(query_id: str | int | None, ids: QueryIds) -> str | int:
+    return ids() if query_id is None else query_id

@@ -51,7 +51,8 @@ class NodeStats:
     """
 
     CAMERA_COUNTERS = ("received", "skipped", "dropped", "bad", "failed", "fed")
-    QUERY_OUTCOMES = ("received", "answered", "refused", "busy", "no_frames", "inactive", "shutdown", "error")
+    QUERY_OUTCOMES = ("received", "answered", "refused", "busy", "no_frames", "unknown_camera", "inactive",
+                      "shutdown", "error")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""The one thread that owns the model session: feeds frames, answers questions, resets, in queue order.
+"""The one thread that owns the model sessions: feeds frames, answers questions, resets, in queue order.
 
 Knows nothing of ROS (replies leave through the callables it is given), so tests drive it with a
 real session and no DDS. Its promise: every query it takes or that is waiting when it stops gets
@@ -11,18 +11,20 @@ import threading
 import time
 from typing import Any, Callable
 
-from infmllm_ros.engine.session import Answer, StreamingSession
+from infmllm_ros.engine.session import Answer
 
+from .camera_sessions import CameraSessions, UnknownCamera
 from .mailbox import FRAME, QUERY, RESET, Frame, RequestQueue, ResetRequest
 from .queries import Query, echo
 from .stats import NodeStats
 
 STOP_JOIN_S = 10.0
 # Refusal codes the worker gives (the node adds busy, inactive and the query-parsing kinds).
-NO_FRAMES, INACTIVE, SHUTDOWN = "no_frames", "inactive", "shutdown"
+NO_FRAMES, UNKNOWN_CAMERA, INACTIVE, SHUTDOWN = "no_frames", "unknown_camera", "inactive", "shutdown"
 _REASONS = {
-    NO_FRAMES: "no_frames: no camera frame has reached the model yet (check image_topics and that the camera "
-               "publishes)",
+    NO_FRAMES: "no_frames: no frame of this camera has reached the model yet (check image_topics and that the "
+               "camera publishes)",
+    UNKNOWN_CAMERA: "unknown_camera: the node does not watch this camera",
     INACTIVE: "inactive: the node was deactivated before this question was answered",
     SHUTDOWN: "shutdown: the node stopped before this question was answered",
 }
@@ -30,11 +32,13 @@ _REASONS = {
 
 def info_message(query_id: Any, question: str, status: str, reason: str = "", answer: Answer | None = None,
                  frames_seen: int = 0, cache_tokens: int = 0, latency_s: float | None = None,
-                 refusal: str = "") -> dict[str, Any]:
-    """The ~/answer_info record of one query (status: ok | refused | error; refusal: the short code)."""
+                 refusal: str = "", camera: str | None = None) -> dict[str, Any]:
+    """The ~/answer_info record of one query (status: ok | refused | error; refusal: the short code;
+    camera: whose frames the answer is about, stamp: that camera's newest frame)."""
     ms = (lambda s: None if s is None else round(s * 1000.0, 3))
     return {"id": query_id, "question": echo(question), "answer": answer.text if answer else "", "status": status,
-            "reason": reason, "refusal": refusal, "stamp": answer.newest_frame_stamp if answer else None,
+            "reason": reason, "refusal": refusal, "camera": camera,
+            "stamp": answer.newest_frame_stamp if answer else None,
             "frames_seen": answer.frames_seen if answer else frames_seen,
             "cache_tokens": answer.cache_tokens if answer else cache_tokens,
             "tokens": answer.tokens if answer else 0, "ttft_ms": ms(answer.ttft_s) if answer else None,
@@ -54,10 +58,10 @@ class SessionWorker:
     questions still waiting are refused with the stop's reason.
     """
 
-    def __init__(self, session: StreamingSession, queue: RequestQueue, stats: NodeStats,
+    def __init__(self, sessions: CameraSessions, queue: RequestQueue, stats: NodeStats,
                  settings: dict[str, Any], publish_piece: Callable[[str], None],
                  publish_reply: Callable[[dict[str, Any]], None], report: Callable[[str, str], None]) -> None:
-        self.session, self.queue, self.stats, self.settings = session, queue, stats, settings
+        self.sessions, self.queue, self.stats, self.settings = sessions, queue, stats, settings
         self.publish_piece, self.publish_reply, self.report = publish_piece, publish_reply, report
         self._cancel = threading.Event()
         self._stopping = threading.Event()
@@ -66,7 +70,7 @@ class SessionWorker:
         self._hook = None
 
     def start(self) -> None:
-        self._hook = self.session.model.register_forward_pre_hook(self._cancellation_point)
+        self._hook = self.sessions.model.register_forward_pre_hook(self._cancellation_point)
         self._thread.start()
 
     def stop(self, code: str = SHUTDOWN, cancel: bool = True, timeout: float = STOP_JOIN_S) -> bool:
@@ -126,7 +130,7 @@ class SessionWorker:
 
     def _feed(self, camera: str, frame: Frame) -> None:
         try:
-            timing = self.session.add_frame(frame.rgb, stamp=frame.stamp)
+            timing = self.sessions.session(camera)[1].add_frame(frame.rgb, stamp=frame.stamp)
         except ValueError as error:  # the model cannot take this frame (e.g. too many tokens)
             self.stats.count_bad("image.rejected_by_model")
             self.stats.count_frame(camera, "bad")
@@ -138,11 +142,16 @@ class SessionWorker:
         self._publish_engine_state()
 
     def _answer(self, query: Query) -> None:
-        if self.session.frames_seen == 0:
-            self._refuse(query, NO_FRAMES)
+        try:
+            camera, session = self.sessions.session(query.camera)
+        except UnknownCamera:
+            self._refuse(query, UNKNOWN_CAMERA, f" {query.camera!r}; it watches {sorted(self.sessions.sessions)}")
+            return
+        if session.frames_seen == 0:
+            self._refuse(query, NO_FRAMES, camera=camera)
             return
         self.stats.set_engine(answering=True)
-        pieces = self.session.stream(query.question, max_new_tokens=self.settings["max_new_tokens"])
+        pieces = session.stream(query.question, max_new_tokens=self.settings["max_new_tokens"])
         try:
             while True:
                 try:
@@ -153,7 +162,8 @@ class SessionWorker:
                 self.publish_piece(piece)
         except ValueError as error:  # the engine refused the question
             self.stats.count_query("error")
-            self.publish_reply(info_message(query.id, query.question, "error", str(error), **self._engine_state()))
+            self.publish_reply(info_message(query.id, query.question, "error", str(error), camera=camera,
+                                            **self._engine_state()))
             return
         finally:
             self.stats.set_engine(answering=False)
@@ -162,24 +172,24 @@ class SessionWorker:
         self.stats.count_query("answered")
         self.stats.add_latency("answer", latency)
         self.stats.add_latency("ttft", answer.ttft_s)
-        self.publish_reply(info_message(query.id, query.question, "ok", answer=answer, latency_s=latency))
+        self.publish_reply(info_message(query.id, query.question, "ok", answer=answer, latency_s=latency,
+                                        camera=camera))
 
     def _reset(self, request: ResetRequest) -> None:
-        request.frames_forgotten = self.session.frames_seen
-        self.session.reset()
+        request.frames_forgotten = self.sessions.reset()
         self._publish_engine_state()
         self.stats.count_reset()
         request.done.set()
 
-    def _refuse(self, query: Query, code: str) -> None:
+    def _refuse(self, query: Query, code: str, detail: str = "", camera: str | None = None) -> None:
         self.stats.count_query("refused")
         self.stats.count_query(code)
-        self.publish_reply(info_message(query.id, query.question, "refused", _REASONS[code], refusal=code,
-                                        **self._engine_state()))
+        self.publish_reply(info_message(query.id, query.question, "refused", _REASONS[code] + detail, refusal=code,
+                                        camera=camera, **self._engine_state()))
 
     def _engine_state(self) -> dict[str, int]:
         return {"frames_seen": self.stats.engine("frames_seen"), "cache_tokens": self.stats.engine("cache_tokens")}
 
     def _publish_engine_state(self) -> None:
-        self.stats.set_engine(cache_tokens=self.session.cache_tokens, cache_bytes=self.session.cache_bytes,
-                              frames_seen=self.session.frames_seen)
+        self.stats.set_engine(cache_tokens=self.sessions.cache_tokens, cache_bytes=self.sessions.cache_bytes,
+                              frames_seen=self.sessions.frames_seen)
