@@ -83,3 +83,46 @@ def test_kernels_import_inside_package_namespace(tmp_path):
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                             text=True, check=True)
     assert result.stdout.split() == ["infmllm_ros.kernels", "True"]
+
+
+def test_colcon_style_install_into_a_prefix(repo_root, tmp_path):
+    """What `colcon build` does for an ament_python package (setup.py build + install --prefix),
+    then the installed entry points and share/ files used from that prefix, away from the source."""
+    source = tmp_path / "src"
+    source.mkdir()
+    # the tracked files only, as a clone on the robot has them (not this checkout's build outputs)
+    subprocess.run(f"git -C {repo_root} ls-files -z | (cd {repo_root} && xargs -0 cp --parents -t {source})",
+                   shell=True, check=True, executable="/bin/bash")
+    prefix = tmp_path / "install"
+    subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base", str(tmp_path / "build"), "install",
+                    "--prefix", str(prefix), "--single-version-externally-managed", "--record",
+                    str(tmp_path / "record.txt")], cwd=source, check=True, capture_output=True, text=True)
+    site = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    share = prefix / "share" / "infmllm_ros"
+    for name in ("package.xml", "launch/infmllm.launch.py", "config/infmllm.yaml", "config/fastdds_shm.xml"):
+        assert (share / name).is_file(), name
+    assert (prefix / "share/ament_index/resource_index/packages/infmllm_ros").is_file()
+    assert (site / "infmllm_ros/models/tiny_llava/model.safetensors").is_file(), "the embedded model is installed"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(site),
+           "AMENT_PREFIX_PATH": str(prefix), "HOME": str(tmp_path)}
+    probe = ("import infmllm_ros, infmllm_ros.ros.run as run; "
+             "print(infmllm_ros.__file__); print(run.default_params_file())")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    module_file, params = result.stdout.split()
+    assert module_file.startswith(str(site)), "imported from the install, not the source tree"
+    assert params == str(share / "config" / "infmllm.yaml"), "the installed params file is the default"
+    scripts = prefix / "lib" / "infmllm_ros"   # where `ros2 run infmllm_ros ...` looks
+    result = subprocess.run([str(scripts / "infmllm-run"), "--help"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and "--params" in result.stdout, result.stderr
+
+
+def test_robot_requirements_leave_apts_packages_alone(repo_root):
+    """On a robot, pip must not replace what apt's ROS is built against (cv_bridge and numpy, colcon
+    and setuptools), nor install rclpy or a torch that is not the robot's CUDA build."""
+    names = {line.split("==")[0].strip().lower() for line in (repo_root / "requirements-robot.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")}
+    assert {"transformers", "bitsandbytes"} <= names
+    assert not names & {"numpy", "opencv-python", "opencv-python-headless", "pyyaml", "setuptools", "torch"}
+    assert not any(name.startswith("ros-") or name == "rclpy" for name in names)
