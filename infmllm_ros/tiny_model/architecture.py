@@ -48,11 +48,13 @@ def build_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
                           vision_feature_select_strategy="default", num_additional_image_tokens=1)
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlavaForConditionalGeneration:
+def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
+                vision_layers: int = 3) -> LlavaForConditionalGeneration:
     config = LlavaConfig(
-        vision_config=dict(model_type="clip_vision_model", hidden_size=128, intermediate_size=256,
-                           num_hidden_layers=3, num_attention_heads=4, image_size=IMAGE_SIZE,
-                           patch_size=PATCH_SIZE, projection_dim=128),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=vision_width,
+                           intermediate_size=2 * vision_width, num_hidden_layers=vision_layers,
+                           num_attention_heads=vision_width // 32, image_size=IMAGE_SIZE,
+                           patch_size=PATCH_SIZE, projection_dim=vision_width),
         text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, tie_word_embeddings=True,
