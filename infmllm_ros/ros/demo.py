@@ -220,7 +220,8 @@ def run_node_on_bag(bag: Path, rate: float = 1.0, model_path: str = "", params: 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bag", type=Path, default=Path(DEFAULT_OUT), help="rosbag2 directory with questions.json")
-    parser.add_argument("--rate", type=float, default=1.0, help="playback speed (the node's frame rate follows)")
+    parser.add_argument("--rate", type=float, default=1.0,
+                        help="playback speed (the node feeds frames by their stamps: the same ones at any speed)")
     parser.add_argument("--model-path", default="", help="model directory ('' = the embedded model)")
     parser.add_argument("--params", type=Path, default=default_params_file(), help="node params YAML")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds to wait for answers after the bag ends")

@@ -114,6 +114,11 @@ def _suggest(name: str) -> str:
     return f"{name} (did you mean {close[0]}?)" if close else name
 
 
+def torch_threads(setting: int) -> int:
+    """The torch_threads parameter's thread count: 0 means all cores but one (at least one)."""
+    return setting if setting > 0 else max(1, (os.cpu_count() or 2) - 1)
+
+
 def release_memory(device: str | None) -> None:
     """Hand freed model memory back: Python's and the CUDA caching allocator's, and glibc's heap
     (malloc_trim), or the process would keep its peak size after cleanup."""
@@ -185,8 +190,7 @@ class InfMLLMNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
             self.settings = current_parameters(self)
-            if self.settings["torch_threads"] > 0:
-                torch.set_num_threads(self.settings["torch_threads"])
+            torch.set_num_threads(torch_threads(self.settings["torch_threads"]))
             cameras = [self.resolve_topic_name(topic) for topic in
                         self.settings["image_topics"] + self.settings["compressed_image_topics"]]
             self._sessions = CameraSessions(SessionConfig(**session_settings(self.settings)), cameras)
@@ -196,7 +200,8 @@ class InfMLLMNode(LifecycleNode):
         config = self._sessions.config
         self.get_logger().info(
             f"configured: model {self._sessions.family} from {self.settings['model_path'] or 'the embedded model'} "
-            f"on {config.device} ({config.dtype}, quantization {config.quantization}); cache policy "
+            f"on {config.device} ({config.dtype}, quantization {config.quantization}, {torch.get_num_threads()} "
+            f"torch threads); cache policy "
             f"{config.cache_policy}, budget {config.cache_budget} tokens, recent window {config.recent_window}; "
             f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}")
         self.last_failure = ""
