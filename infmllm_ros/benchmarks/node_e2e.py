@@ -1,8 +1,8 @@
 """Node end-to-end suite: a long 30 Hz camera bag replayed into the node over DDS, with timed queries.
 
 Three processes as on a robot (node, bag player, this observer). Reported: frames received, fed
-and dropped (the node feeds `frame_rate_hz` and drops the rest, by design), answer latency as the
-observer sees it (query heard on DDS -> answer heard on DDS) and as the node times it (query
+and skipped (the node feeds `frame_rate_hz` of stamp time and skips the rest, by design), answer
+latency as the observer sees it (query heard on DDS -> answer heard on DDS) and as the node times it (query
 received -> answer published), and the ratio of node latency to engine-only latency: the same
 questions asked of a bare StreamingSession fed the same episode at the same rate, in this process.
 """
@@ -43,7 +43,7 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
         raise RuntimeError("the node did not start; see its log above")
     cameras = (run.last_stats or {}).get("cameras", {})
     counts = {name: sum(camera.get(name, 0) for camera in cameras.values())
-              for name in ("received", "fed", "dropped", "bad")}
+              for name in ("received", "skipped", "dropped", "bad", "fed")}
     answered = [info for info in run.infos.values() if info["status"] == "ok"]
     observed = [info["heard_at"] - run.query_heard[info["id"]] for info in answered if info["id"] in run.query_heard]
     in_node = [info["latency_ms"] / 1000 for info in answered if info.get("latency_ms") is not None]

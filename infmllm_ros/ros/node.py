@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from functools import partial
@@ -37,7 +38,7 @@ from rcl_interfaces.msg import ParameterDescriptor, ParameterType, SetParameters
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.duration import Duration
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, ShutdownException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.logging import get_logger
 from rclpy.parameter import Parameter
@@ -453,7 +454,8 @@ class InfMLLMNode(LifecycleNode):
         joined = self._stop_worker(SHUTDOWN, cancel=True)
         self._sessions = None
         try:  # the refusals just published must reach their readers before the node goes away
-            self._info_pub.wait_for_all_acked(Duration(seconds=REPLY_FLUSH_S))
+            if self._info_pub.get_subscription_count():
+                self._info_pub.wait_for_all_acked(Duration(seconds=REPLY_FLUSH_S))
         except Exception:  # the context is already down: nothing more can be sent
             pass
         return joined
@@ -469,14 +471,17 @@ def autostart(node: InfMLLMNode) -> bool:
         node.log_failures = True
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _spin(executor) -> None:
+    try:
+        executor.spin()
+    except (ExternalShutdownException, ShutdownException):
+        pass
 
 
 def main(args: list[str] | None = None) -> int:
     """Console entry `infmllm_node`: run until SIGINT; exit 2 with one error line on bad settings."""
-    # Our own SIGINT handling (Python's KeyboardInterrupt), not rclpy's: rclpy's would shut the
-    # context down first, and the questions still waiting could no longer be told "shutdown".
+    # Our own SIGINT/SIGTERM handling, not rclpy's: rclpy's would shut the context down first, and
+    # the questions still waiting could no longer be told "shutdown".
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     try:
         node = InfMLLMNode()
@@ -490,20 +495,25 @@ def main(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # SIGINT while the model was loading
         rclpy.try_shutdown()
         return 0
-    signal.signal(signal.SIGTERM, _interrupt)  # what launch sends to stop a node: the same path as Ctrl-C
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):   # Ctrl-C, and what launch sends to stop a node
+        signal.signal(signum, lambda *_: stop.set())
     executor = MultiThreadedExecutor(num_threads=4)
     executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+    # The executor spins on a thread of its own and the main thread waits in Python, where a signal
+    # handler runs at once: with rclpy's handler off, nothing would wake an executor blocked in its
+    # wait set (measured: a spinning node ignored SIGINT for as long as we waited).
+    spinner = threading.Thread(target=_spin, args=(executor,), name="executor", daemon=True)
+    spinner.start()
+    while not stop.wait(0.5) and spinner.is_alive():
         pass
-    finally:
-        # A repeated Ctrl-C must not land in the middle of joining the worker: ignore it while closing.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        joined = node.close()   # waiting questions get "shutdown" while the context still works
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    # A repeated Ctrl-C must not land in the middle of joining the worker: ignore it while closing.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    joined = node.close()   # waiting questions get "shutdown" while the context still works
+    executor.shutdown()
+    node.destroy_node()
+    rclpy.try_shutdown()
     if not joined:  # a forward longer than STOP_JOIN_S: leave now rather than abort in torch at exit
         sys.stdout.flush()
         sys.stderr.flush()
