@@ -25,6 +25,7 @@ import torch
 from infmllm_ros.synthetic import FEED_RATE_HZ
 
 from .architecture import IMAGE_TOKENS, MAX_POSITIONS, PROMPT
+from .frame_targets import FIRST_TARGET_TOKEN, frame_words
 from .streams import RenderedStream
 
 IGNORE = -100
@@ -44,19 +45,26 @@ class SequenceWriter:
             tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
         self.ids: list[int] = []
         self.labels: list[int] = []
+        #: per position, the token its output should predict (frame_targets.py), or IGNORE
+        self.targets: list[int] = []
         self.positions: list[int] = []
         self.families: list[str] = []   # one per answer (not per token)
         self.next_position = start_position
         self._prompts: dict[str, list[int]] = {}
 
-    def _append(self, ids: list[int], labels: list[int]) -> None:
+    def _append(self, ids: list[int], labels: list[int], targets: list[int] | None = None) -> None:
         self.ids += ids
         self.labels += labels
+        self.targets += targets or [IGNORE] * len(ids)
         self.positions += range(self.next_position, self.next_position + len(ids))
         self.next_position += len(ids)
 
-    def frame(self) -> None:
-        self._append(self.frame_ids, [IGNORE] * len(self.frame_ids))
+    def frame(self, words: list[str | None] | None = None) -> None:
+        targets = [IGNORE] * len(self.frame_ids)
+        for offset, word in enumerate(words or []):
+            if word is not None:
+                targets[FIRST_TARGET_TOKEN + offset] = self.tokenizer.convert_tokens_to_ids(word)
+        self._append(self.frame_ids, [IGNORE] * len(self.frame_ids), targets)
 
     def skip(self, positions: int) -> None:
         """Advance positions as if `positions` tokens had been streamed here."""
@@ -75,7 +83,7 @@ class SequenceWriter:
     def batch(self, features: torch.Tensor) -> dict:
         return {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
                 "position_ids": torch.tensor([self.positions]), "features": features,
-                "families": self.families}
+                "frame_targets": torch.tensor([self.targets]), "families": self.families}
 
 
 @dataclass
@@ -91,8 +99,9 @@ class Window:
         return [index for start, end in self.segments for index in range(start, end)]
 
 
-def build_sequence(stream: RenderedStream, window: Window, tokenizer) -> dict:
-    """input_ids, labels, position_ids, features and families of one window of a stream."""
+def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targets: bool = False) -> dict:
+    """input_ids, labels, position_ids, features, families and (if asked) dense per-frame
+    targets of one window of a stream."""
     times = stream.frame_times
     shown = times[window.frames]
     writer = SequenceWriter(tokenizer, window.start_position)
@@ -100,13 +109,15 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer) -> dict:
     last_current: dict[str, float] = {}
     pending = iter(stream.questions)
     question = next(pending, None)
+    written = 0   # frames already in the sequence
     for number, (start, end) in enumerate(window.segments):
         if number:
             skipped_s = times[start] - times[window.segments[number - 1][1] - 1] - 1.0 / FEED_RATE_HZ
             writer.skip(int(skipped_s * TOKENS_PER_SECOND * window.gap_scale[number - 1]))
         segment_end = times[end - 1] + 1.0 / FEED_RATE_HZ
         for index in range(start, end):
-            writer.frame()
+            writer.frame(frame_words(stream, index, shown[:written]) if frame_targets else None)
+            written += 1
             until = times[index + 1] if index + 1 < end else segment_end
             while question is not None and question.t < until:
                 if question.t > times[index] and _answerable(question, shown, asked, last_current):

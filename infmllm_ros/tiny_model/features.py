@@ -11,8 +11,11 @@ projector keeps training; the saved model is the same standard LLaVA.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .streams import RenderedStream
+
+IGNORE = -100
 
 
 def compute_features(model, stream: RenderedStream, batch: int = 256) -> None:
@@ -37,8 +40,16 @@ def input_embeddings(model, input_ids: torch.Tensor, features: torch.Tensor) -> 
     return embeds.masked_scatter(slots, image.to(embeds.dtype))
 
 
-def language_model_loss(model, batch: dict, logits: bool = False):
-    """The loss over answer tokens of one sequence (or its logits, for validation)."""
+def language_model_loss(model, batch: dict, logits: bool = False, frame_target_weight: float = 0.0):
+    """The loss over answer tokens of one sequence, plus frame_target_weight times the loss over
+    its dense per-frame targets (frame_targets.py), or its logits, for validation."""
     output = model(inputs_embeds=input_embeddings(model, batch["input_ids"], batch["features"]),
-                   position_ids=batch["position_ids"], labels=None if logits else batch["labels"])
-    return output.logits if logits else output.loss
+                   position_ids=batch["position_ids"])
+    if logits:
+        return output.logits
+    scores = output.logits[0].float()
+    loss = F.cross_entropy(scores[:-1], batch["labels"][0, 1:], ignore_index=IGNORE)
+    targets = batch.get("frame_targets")
+    if frame_target_weight and targets is not None and (targets != IGNORE).any():
+        loss = loss + frame_target_weight * F.cross_entropy(scores, targets[0], ignore_index=IGNORE)
+    return loss

@@ -32,20 +32,26 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import LlavaForConditionalGeneration
 
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.synthetic import FAMILIES, corpus_text
 
 from .architecture import build_model, build_processor, save_model_dir, train_tokenizer
 from .curve import plot_training_curve
-from .data import IGNORE, Window, build_sequence, sample_window
+from .data import FRAME_TOKENS, IGNORE, Window, build_sequence, sample_window
+from .frame_targets import FIRST_TARGET_TOKEN, TARGETS_PER_FRAME
 from .features import compute_features, language_model_loss
 from .streams import RenderedStream, render_many_snapshots, render_streams
 from .vision_pretraining import pretrain_vision_tower
 
 TRAIN_SEED_BASE = 100_000
 VISION_SEED_BASE = 110_000   # the vision stage's many short episodes
+SHORT_TRAIN_SEED_BASE = 130_000   # short training episodes
 VALIDATION_SEED_BASE = 90_000
+SHORT_VALIDATION_SEED_BASE = 90_100
+#: short validation episodes last as long as infmllm-eval's default ones
+SHORT_VALIDATION_SECONDS = 64.0
 
 
 class Interrupted(Exception):
@@ -66,7 +72,19 @@ def parse_args(argv):
                         help="run stage 0 again on the frames already rendered in --work-dir")
     parser.add_argument("--streams", type=int, default=48, help="distinct training episodes to render")
     parser.add_argument("--stream-seconds", type=float, default=600.0, help="camera time per training episode")
+    parser.add_argument("--short-streams", type=int, default=0,
+                        help="short training episodes: an episode's seen-once objects come in its first "
+                             "two minutes, so short episodes hold most of the long-range questions")
+    parser.add_argument("--short-stream-seconds", type=float, default=90.0)
+    parser.add_argument("--short-stream-share", type=float, default=0.5,
+                        help="share of contiguous windows cut from the short episodes")
     parser.add_argument("--validation-streams", type=int, default=6)
+    parser.add_argument("--validation-short-streams", type=int, default=0,
+                        help="64 s validation episodes, as infmllm-eval streams them")
+    parser.add_argument("--frame-target-weight", type=float, default=0.0,
+                        help="weight of the dense per-frame targets (frame_targets.py); 0 = answers only")
+    parser.add_argument("--vision-from", type=Path, default=None,
+                        help="take the stage-0 vision tower from this model directory instead of training it")
     parser.add_argument("--vision-episodes", type=int, default=3600,
                         help="short episodes for the vision stage, 8 frames each")
     parser.add_argument("--vision-steps", type=int, default=6000, help="stage 0: direct vision pretraining steps")
@@ -121,17 +139,27 @@ def save_atomically(obj, path: Path) -> None:
     os.replace(partial, path)
 
 
+class Streams:
+    """The rendered training and validation streams with their frame features."""
+
+    def __init__(self, saved: dict) -> None:
+        self.train, self.validation = saved["train"], saved["validation"]
+        self.short_train, self.short_validation = saved.get("short_train", []), saved.get("short_validation", [])
+
+
 def prepare_streams(args, tokenizer, model, work_dir: Path):
     """Rendered streams with features, and the vision stage's accuracy (cached in work_dir)."""
     cached = work_dir / "streams.pt"
-    tower_shape = {"width": args.vision_width, "layers": args.vision_layers}
+    tower_shape = {"width": args.vision_width, "layers": args.vision_layers,
+                   "from": str(args.vision_from.resolve()) if args.vision_from else None,
+                   "short": [args.short_streams, args.short_stream_seconds, args.validation_short_streams]}
     if cached.exists() and not args.redo_vision:
         saved = torch.load(cached, weights_only=False)
         if saved.get("tower_shape", {"width": 128, "layers": 3}) == tower_shape:
             model.model.vision_tower.load_state_dict(saved["vision_tower"])
             tqdm.write(f"loaded rendered streams and vision stage from {cached}")
-            return saved["train"], saved["validation"], saved["vision_accuracy"], saved["seconds"]
-        tqdm.write(f"{cached} holds another tower's features: running the vision stage again")
+            return Streams(saved), saved["vision_accuracy"], saved["seconds"]
+        tqdm.write(f"{cached} holds other streams or another tower's features: preparing them again")
     started = time.perf_counter()
     rendered = work_dir / "rendered.pt"   # pixels too, so a new vision stage need not render again
     if rendered.exists():
@@ -143,6 +171,47 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
                                     args.stream_seconds, tokenizer, workers=args.render_workers,
                                     desc="rendering validation streams")
         save_atomically((train, validation), rendered)
+    short = _short_streams(args, tokenizer, work_dir)
+    render_s = time.perf_counter() - started
+    tower = model.model.vision_tower
+    if args.vision_from:
+        vision_accuracy = _tower_from(args.vision_from, tower)
+    else:
+        snapshots = _vision_snapshots(args, tokenizer, work_dir)
+        render_s = time.perf_counter() - started
+        vision_accuracy = pretrain_vision_tower(tower, snapshots, validation, steps=args.vision_steps,
+                                                lr=args.vision_lr, seed=args.seed, evaluate_every=args.validate_every)
+    tqdm.write("vision pretraining (held out): " + " ".join(f"{k} {v:.3f}" for k, v in vision_accuracy.items()
+                                                            if isinstance(v, float)))
+    for stream in tqdm(train + validation + short["short_train"] + short["short_validation"],
+                       desc="frame features", unit="stream"):
+        compute_features(model, stream)
+    seconds = {"render": round(render_s, 1), "vision": round(time.perf_counter() - started - render_s, 1)}
+    saved = {"train": train, "validation": validation, **short, "vision_accuracy": vision_accuracy,
+             "vision_tower": tower.state_dict(), "tower_shape": tower_shape, "seconds": seconds}
+    save_atomically(saved, cached)
+    return Streams(saved), vision_accuracy, seconds
+
+
+def _short_streams(args, tokenizer, work_dir: Path) -> dict:
+    path = work_dir / "rendered_short.pt"
+    key = [args.short_streams, args.short_stream_seconds, args.validation_short_streams]
+    if path.exists():
+        saved = torch.load(path, weights_only=False)
+        if saved["key"] == key:
+            return {"short_train": saved["short_train"], "short_validation": saved["short_validation"]}
+    short = {"short_train": render_streams([SHORT_TRAIN_SEED_BASE + i for i in range(args.short_streams)],
+                                           args.short_stream_seconds, tokenizer, workers=args.render_workers,
+                                           desc="rendering short streams") if args.short_streams else [],
+             "short_validation": render_streams(
+                 [SHORT_VALIDATION_SEED_BASE + i for i in range(args.validation_short_streams)],
+                 SHORT_VALIDATION_SECONDS, tokenizer, workers=args.render_workers,
+                 desc="rendering short validation streams") if args.validation_short_streams else []}
+    save_atomically({"key": key, **short}, path)
+    return short
+
+
+def _vision_snapshots(args, tokenizer, work_dir: Path) -> list[RenderedStream]:
     snapshots_path = work_dir / "vision_frames.pt"
     snapshots = torch.load(snapshots_path, weights_only=False) if snapshots_path.exists() else []
     wanted = [VISION_SEED_BASE + i for i in range(args.vision_episodes)]
@@ -151,26 +220,28 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
     if missing:   # a larger --vision-episodes renders only the episodes not cached yet
         snapshots += render_many_snapshots(missing, 8, tokenizer, workers=args.render_workers)
         save_atomically(snapshots, snapshots_path)
-    snapshots = [snapshot for snapshot in snapshots if snapshot.seed in set(wanted)]
-    render_s = time.perf_counter() - started
-    tower = model.model.vision_tower
-    vision_accuracy = pretrain_vision_tower(tower, snapshots, validation, steps=args.vision_steps, lr=args.vision_lr,
-                                            seed=args.seed, evaluate_every=args.validate_every)
-    tqdm.write("vision pretraining (held out): " + " ".join(f"{k} {v:.3f}" for k, v in vision_accuracy.items()
-                                                            if k != "history"))
-    for stream in tqdm(train + validation, desc="frame features", unit="stream"):
-        compute_features(model, stream)
-    seconds = {"render": round(render_s, 1), "vision": round(time.perf_counter() - started - render_s, 1)}
-    save_atomically({"train": train, "validation": validation, "vision_accuracy": vision_accuracy,
-                     "vision_tower": tower.state_dict(), "tower_shape": tower_shape, "seconds": seconds}, cached)
-    return train, validation, vision_accuracy, seconds
+    return [snapshot for snapshot in snapshots if snapshot.seed in set(wanted)]
 
 
-def validation_windows(streams: list[RenderedStream]) -> list[tuple[RenderedStream, Window]]:
-    """Fixed windows: the first 64 s of each stream (as infmllm-eval streams them) and one gapped
-    window per stream reaching minutes back (distant questions)."""
-    windows = []
-    for stream in streams:
+def _tower_from(directory: Path, tower) -> dict:
+    """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
+    try:
+        source = LlavaForConditionalGeneration.from_pretrained(directory).model.vision_tower
+        tower.load_state_dict(source.state_dict())
+    except (OSError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"infmllm-train-tiny: cannot take the vision tower from {directory}: "
+                         f"{str(error).splitlines()[0]}")
+    record = json.loads((directory / "training.json").read_text()) if (directory / "training.json").exists() else {}
+    earlier = record.get("vision_pretraining", {})
+    return {**{k: v for k, v in earlier.items() if k != "history"}, "from": str(directory),
+            "from_command": record.get("command")}
+
+
+def validation_windows(streams: Streams) -> list[tuple[RenderedStream, Window]]:
+    """Fixed windows: each short validation episode whole and the first 64 s of each long one (as
+    infmllm-eval streams them), and one gapped window per long stream reaching minutes back."""
+    windows = [(stream, Window([(0, len(stream.frame_times))])) for stream in streams.short_validation]
+    for stream in streams.validation:
         windows.append((stream, Window([(0, 64)])))
         gapped = sample_window(stream, random.Random(stream.seed), 64, gapped=True, offset_share=0.0)
         if len(gapped.segments) > 1:
@@ -179,14 +250,23 @@ def validation_windows(streams: list[RenderedStream]) -> list[tuple[RenderedStre
 
 
 def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
-    """Share of answers whose every token is the argmax, per question family."""
+    """Share of answers whose every token is the argmax, per question family; and of the dense
+    frame targets (frame_targets.py) that the argmax hits, scene lookups and what-left apart."""
     right = {family: 0 for family in FAMILIES}
     total = {family: 0 for family in FAMILIES}
+    frame_right, frame_total = torch.zeros(TARGETS_PER_FRAME), torch.zeros(TARGETS_PER_FRAME)
     model.eval()
     with torch.inference_mode():
         for stream, window in windows:
-            batch = build_sequence(stream, window, tokenizer)
-            logits = language_model_loss(model, batch, logits=True)[0, :-1]
+            batch = build_sequence(stream, window, tokenizer, frame_targets=True)
+            all_logits = language_model_loss(model, batch, logits=True)[0]
+            targets = batch["frame_targets"][0]
+            slot = (torch.arange(len(targets)) - FIRST_TARGET_TOKEN) % FRAME_TOKENS
+            held = targets != IGNORE
+            hits = (all_logits.argmax(-1) == targets) & held
+            frame_right += torch.bincount(slot[hits], minlength=FRAME_TOKENS)[:TARGETS_PER_FRAME].float()
+            frame_total += torch.bincount(slot[held], minlength=FRAME_TOKENS)[:TARGETS_PER_FRAME].float()
+            logits = all_logits[:-1]
             labels = batch["labels"][0, 1:]
             correct = (logits.argmax(-1) == labels).tolist()
             answers, current, previous = [], [], -2
@@ -202,15 +282,23 @@ def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
                 total[family] += 1
                 right[family] += int(all(correct[p] for p in positions))
     model.train()
-    return {family: right[family] / total[family] if total[family] else float("nan") for family in FAMILIES}
+    scene, left = slice(0, TARGETS_PER_FRAME - 2), slice(TARGETS_PER_FRAME - 2, TARGETS_PER_FRAME)
+    return {**{family: right[family] / total[family] if total[family] else float("nan") for family in FAMILIES},
+            "frame_scene": float(frame_right[scene].sum() / frame_total[scene].sum().clamp(min=1)),
+            "frame_left": float(frame_right[left].sum() / frame_total[left].sum().clamp(min=1))}
 
 
-def next_window(args, step: int, train: list[RenderedStream], rng: random.Random) -> tuple[RenderedStream, Window]:
-    stream = train[rng.randrange(len(train))]
+def next_window(args, step: int, streams: Streams, rng: random.Random) -> tuple[RenderedStream, Window]:
+    """Short windows first; then gapped windows of the long streams (distant questions) and
+    contiguous ones, from the short episodes or the long streams."""
+    long_stream = streams.train[rng.randrange(len(streams.train))]
+    if step >= args.short_share * args.steps and rng.random() < args.gapped_share:
+        return long_stream, sample_window(long_stream, rng, rng.randint(40, 64), gapped=True)
+    stream = long_stream
+    if streams.short_train and rng.random() < args.short_stream_share:
+        stream = streams.short_train[rng.randrange(len(streams.short_train))]
     if step < args.short_share * args.steps:
         return stream, sample_window(stream, rng, rng.randint(8, 32), gapped=False)
-    if rng.random() < args.gapped_share:
-        return stream, sample_window(stream, rng, rng.randint(40, 64), gapped=True)
     return stream, sample_window(stream, rng, rng.randint(16, args.max_frames), gapped=False)
 
 
@@ -229,12 +317,12 @@ def main(argv=None) -> int:
         raise SystemExit(f"infmllm-train-tiny: {checkpoint_path} exists: pass --resume to continue it, "
                          "or remove it to start over")
     try:
-        train, validation, vision_accuracy, stage_seconds = prepare_streams(args, tokenizer, model, args.work_dir)
+        streams, vision_accuracy, stage_seconds = prepare_streams(args, tokenizer, model, args.work_dir)
     except (KeyboardInterrupt, Interrupted):
         print("infmllm-train-tiny: interrupted before the language-model stage; rendered streams and the "
               "vision stage are redone on the next run", file=sys.stderr)
         return 130
-    windows = validation_windows(validation)
+    windows = validation_windows(streams)
     model.model.vision_tower.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -265,10 +353,10 @@ def main(argv=None) -> int:
                     total=args.steps)
     try:
         for step in progress:
-            stream, window = next_window(args, step, train, sampler)
-            batch = build_sequence(stream, window, tokenizer)
+            stream, window = next_window(args, step, streams, sampler)
+            batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0)
             if batch["families"]:
-                loss = language_model_loss(model, batch)
+                loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
                 optimizer.step()
@@ -282,7 +370,7 @@ def main(argv=None) -> int:
                 accuracy = teacher_forced_accuracy(model, windows, tokenizer)
                 state["history"].append({"step": state["step"], "loss": state["smoothed"], **accuracy})
                 tqdm.write(f"step {state['step']}: loss {state['smoothed']:.3f} "
-                           + " ".join(f"{k} {v:.2f}" for k, v in accuracy.items()))
+                           + " ".join(f"{k} {v:.2f}" for k, v in accuracy.items()), file=sys.stdout)
             if time.perf_counter() - last_save > 60 * args.checkpoint_minutes:
                 segment_start = last_save = checkpoint()
     except (KeyboardInterrupt, Interrupted) as why:
@@ -297,7 +385,9 @@ def main(argv=None) -> int:
               "train_seconds": round(time.perf_counter() - started, 1),
               "language_model_seconds": round(state["seconds"], 1),
               "steps": args.steps, "streams": args.streams, "stream_seconds": args.stream_seconds,
-              "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
+              "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
+              "frame_target_weight": args.frame_target_weight, "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
+              "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
               "command": "infmllm-train-tiny " + " ".join(sys.argv[1:] if argv is None else argv)}
     try:
