@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .data import IGNORE
 from .streams import RenderedStream
-
-IGNORE = -100
 
 
 def compute_features(model, stream: RenderedStream, batch: int = 256) -> None:

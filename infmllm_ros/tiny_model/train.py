@@ -255,13 +255,17 @@ def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
     right = {family: 0 for family in FAMILIES}
     total = {family: 0 for family in FAMILIES}
     frame_right, frame_total = torch.zeros(TARGETS_PER_FRAME), torch.zeros(TARGETS_PER_FRAME)
+    frame_id = tokenizer.convert_tokens_to_ids("<frame>")
     model.eval()
     with torch.inference_mode():
         for stream, window in windows:
             batch = build_sequence(stream, window, tokenizer, frame_targets=True)
             all_logits = language_model_loss(model, batch, logits=True)[0]
             targets = batch["frame_targets"][0]
-            slot = (torch.arange(len(targets)) - FIRST_TARGET_TOKEN) % FRAME_TOKENS
+            # each position's offset from its frame's first target token (questions sit between frames)
+            positions = torch.arange(len(targets))
+            frame_starts = torch.where(batch["input_ids"][0] == frame_id, positions, 0).cummax(0).values
+            slot = (positions - frame_starts - FIRST_TARGET_TOKEN).clamp(0, FRAME_TOKENS - 1)
             held = targets != IGNORE
             hits = (all_logits.argmax(-1) == targets) & held
             frame_right += torch.bincount(slot[hits], minlength=FRAME_TOKENS)[:TARGETS_PER_FRAME].float()
