@@ -102,12 +102,25 @@ def ask(listener, query_id: str, question: str = "what is in view?") -> dict:
 
 
 def feed_one_frame(listener, lifecycle_camera: str = CAMERA) -> None:
+    """Publish one frame and wait until the node has fed it. A publisher that already counts the
+    node's subscription can still lose its very first message while the node's side of the DDS
+    match completes (volatile durability keeps nothing for late readers), so a frame the node has
+    not *received* within a few seconds is sent again, as a camera would anyway."""
     from sensor_msgs.msg import Image
-    fed = listener.latest_stats()["cameras"].get(lifecycle_camera, {}).get("fed", 0)
-    listener.publisher(lifecycle_camera, Image).publish(
-        rgb_image_msg(np.random.default_rng(fed).integers(0, 256, (48, 64, 3), dtype=np.uint8)))
-    assert wait_until(lambda: listener.copy("stats")[-1]["cameras"].get(lifecycle_camera, {}).get("fed", 0) > fed,
-                      20), "the frame was not fed"
+    publisher = listener.publisher(lifecycle_camera, Image)
+
+    def count(name: str) -> int:
+        return listener.copy("stats")[-1]["cameras"].get(lifecycle_camera, {}).get(name, 0)
+
+    listener.latest_stats()
+    fed, received = count("fed"), count("received")
+    frame = rgb_image_msg(np.random.default_rng(fed).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    for _ in range(3):
+        publisher.publish(frame)
+        if wait_until(lambda: count("received") > received, 5):
+            break
+    assert wait_until(lambda: count("fed") > fed, 30), "the frame was not fed"
+    assert count("fed") == fed + 1, "one frame fed, not two"
     time.sleep(1.05)   # the next frame is stamped a feed period later
 
 
