@@ -333,7 +333,8 @@ def test_snapshot_is_json_with_every_counter():
     assert snapshot["cameras"]["/cam"] == {"received": 3, "skipped": 0, "dropped": 0, "bad": 0, "failed": 0,
                                            "fed": 1}
     assert snapshot["bad_input"] == {"image.corrupt": 1} and snapshot["queries"]["answered"] == 1
-    assert snapshot["latency"]["answer"] == {"p50_ms": 250.0, "p95_ms": 500.0, "count": 2}
+    assert snapshot["latency"]["answer"] == {"p50_ms": 250.0, "p95_ms": 500.0, "p99_ms": 500.0,
+                                           "max_ms": 500.0, "count": 2}
     assert snapshot["cache_mb"] == 1.0 and snapshot["stamp"] == 1.0
 
 

@@ -61,6 +61,16 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
     row.update(latency_summary("observed", observed))
     row.update(latency_summary("node", in_node))
     row.update(latency_summary("engine", engine_only))
+    # where a slow answer's time went: waiting in the node's queue (behind frames being fed) or the
+    # answer itself; and what the executor was held by (camera callbacks) and feeding cost
+    row.update(latency_summary("node_wait", [(info["latency_ms"] - info["total_ms"]) / 1000 for info in answered
+                                             if info.get("latency_ms") is not None and info.get("total_ms") is not None]))
+    row.update(latency_summary("node_answer", [info["total_ms"] / 1000 for info in answered
+                                               if info.get("total_ms") is not None]))
+    windows = (run.last_stats or {}).get("latency", {})
+    for name in ("ingest", "image_callback"):
+        for key in ("p50_ms", "p99_ms", "max_ms"):
+            row[f"{name}_{key}"] = windows.get(name, {}).get(key, float("nan"))
     row["node_over_engine_p50"] = row["node_p50_ms"] / row["engine_p50_ms"]
     row["observed_over_engine_p50"] = row["observed_p50_ms"] / row["engine_p50_ms"]
     return row

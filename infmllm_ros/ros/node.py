@@ -325,6 +325,13 @@ class InfMLLMNode(LifecycleNode):
     # ---- callbacks: decode, check, queue; never the model --------------------------------------
 
     def _on_image(self, camera: str, convert, msg) -> None:
+        started = time.monotonic()
+        try:
+            self._take_image(camera, convert, msg)
+        finally:  # how long the executor was held: a long callback delays every other one
+            self.stats.add_latency("image_callback", time.monotonic() - started)
+
+    def _take_image(self, camera: str, convert, msg) -> None:
         self.stats.count_frame(camera, "received")
         stamp = stamp_seconds(msg) or time.time()
         # Before decoding, so a 30 Hz camera costs one decode per fed frame; a frame skipped here is

@@ -26,7 +26,8 @@ def percentile(values: Iterable[float], q: float) -> float | None:
 
 
 class LatencyWindow:
-    """The last LATENCY_WINDOW durations of one kind, summarised as p50/p95 milliseconds."""
+    """The last LATENCY_WINDOW durations of one kind, summarised as p50/p95/p99/max milliseconds
+    (the tail is what a robot notices: one answer seconds late)."""
 
     def __init__(self, size: int = LATENCY_WINDOW) -> None:
         self._samples: deque[float] = deque(maxlen=size)
@@ -37,9 +38,10 @@ class LatencyWindow:
         self.count += 1
 
     def summary(self) -> dict[str, Any]:
-        p50, p95 = percentile(self._samples, 50), percentile(self._samples, 95)
         ms = (lambda s: None if s is None else round(s * 1000.0, 3))
-        return {"p50_ms": ms(p50), "p95_ms": ms(p95), "count": self.count}
+        return {"p50_ms": ms(percentile(self._samples, 50)), "p95_ms": ms(percentile(self._samples, 95)),
+                "p99_ms": ms(percentile(self._samples, 99)), "max_ms": ms(max(self._samples, default=None)),
+                "count": self.count}
 
 
 class NodeStats:

@@ -142,6 +142,7 @@ class SessionWorker:
         self._publish_engine_state()
 
     def _answer(self, query: Query) -> None:
+        self.stats.add_latency("query_wait", time.monotonic() - query.received)
         try:
             camera, session = self.sessions.session(query.camera)
         except UnknownCamera:
