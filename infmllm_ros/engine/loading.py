@@ -95,7 +95,9 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
         processor_class = _IMAGE_ONLY.get(model.config.model_type, AutoProcessor)
         processor = processor_class.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
-        raise ModelLoadError(f"cannot load the model in {str(path)!r}: {error}") from error
+        # a KeyError's text is only the missing key: name it as such
+        reason = f"a file lacks the field {error}" if isinstance(error, KeyError) else str(error).splitlines()[0]
+        raise ModelLoadError(f"cannot load the model in {str(path)!r}: {reason}") from error
     finally:
         if progress_bar_was_on:
             hf_logging.enable_progress_bar()
