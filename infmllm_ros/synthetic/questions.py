@@ -243,6 +243,17 @@ def generate_questions(episode: Episode, rng_or_seed: int | np.random.Generator,
     return questions
 
 
+def questions_at(episode: Episode, times: Iterable[float]) -> list[list[Question]]:
+    """Every unambiguous question at each of `times` (not one per slot, not balanced): what a
+    trainer can ask besides the stream's own questions."""
+    timeline = _Timeline(episode)
+    asked = []
+    for t in times:
+        asked.append([Question(t, FAMILY_OF_KIND[kind], text, answer, kind, evidence[0] if evidence else None)
+                      for kind, text, answer, *evidence in timeline.candidates(t)])
+    return asked
+
+
 def possible_answers() -> list[str]:
     """Every answer string the generator can produce."""
     pairs = [f"{c} {s}" for c in COLOURS for s in SHAPES]

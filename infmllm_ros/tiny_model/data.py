@@ -12,7 +12,11 @@ Three things here exist to make the model *remember* rather than guess:
   position ids advanced as if the skipped minutes had been streamed. That is how a 1,500-token
   sequence teaches retrieval over the 2,000-10,000 positions a 10-minute stream spans;
 - every window starts at a random position offset, so the model meets, in training, the absolute
-  and relative positions a long stream reaches (a Llama trained only on 0-2,047 degraded past it).
+  and relative positions a long stream reaches (a Llama trained only on 0-2,047 degraded past it);
+- side questions: many more questions than the stream itself asks, each in its own branch
+  that sees the stream up to its time but that nothing later sees (an attention mask, with
+  the positions it would have had). So one forward pass over a window answers dozens of
+  memory questions where the stream holds a few, and no answer can be copied from another.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infmllm_ros.synthetic import FEED_RATE_HZ
+from infmllm_ros.synthetic import FEED_RATE_HZ, generate_episode
+from infmllm_ros.synthetic.questions import questions_at
 
 from .architecture import IMAGE_TOKENS, MAX_POSITIONS, PROMPT
 from .frame_targets import FIRST_TARGET_TOKEN, frame_words
@@ -48,16 +53,22 @@ class SequenceWriter:
         #: per position, the token its output should predict (frame_targets.py), or IGNORE
         self.targets: list[int] = []
         self.positions: list[int] = []
-        self.families: list[str] = []   # one per answer (not per token)
+        self.families: list[str] = []   # one per answer of the stream (not per token)
+        self.side_families: list[str] = []
+        #: per token, -1 for the stream, else the side question (branch) it belongs to
+        self.branches: list[int] = []
         self.next_position = start_position
         self._prompts: dict[str, list[int]] = {}
 
-    def _append(self, ids: list[int], labels: list[int], targets: list[int] | None = None) -> None:
+    def _append(self, ids: list[int], labels: list[int], targets: list[int] | None = None,
+                branch: int = -1) -> None:
         self.ids += ids
         self.labels += labels
         self.targets += targets or [IGNORE] * len(ids)
         self.positions += range(self.next_position, self.next_position + len(ids))
-        self.next_position += len(ids)
+        self.branches += [branch] * len(ids)
+        if branch < 0:   # a side question takes no positions from the stream
+            self.next_position += len(ids)
 
     def frame(self, words: list[str | None] | None = None) -> None:
         targets = [IGNORE] * len(self.frame_ids)
@@ -70,20 +81,35 @@ class SequenceWriter:
         """Advance positions as if `positions` tokens had been streamed here."""
         self.next_position += positions
 
-    def question(self, text: str, answer: str, family: str) -> None:
-        """The question carries no loss; its answer and the closing "</s>" do."""
+    def question(self, text: str, answer: str, family: str, side: bool = False) -> None:
+        """The question carries no loss; its answer and the closing "</s>" do. A side question
+        is a branch of its own (see batch())."""
         if text not in self._prompts:
             self._prompts[text] = self.tokenizer(PROMPT["question"].format(question=text),
                                                  add_special_tokens=False)["input_ids"]
         prompt = self._prompts[text]
         target = self.tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
-        self._append(prompt + target, [IGNORE] * len(prompt) + target)
-        self.families.append(family)
+        branch = len(self.side_families) if side else -1
+        self._append(prompt + target, [IGNORE] * len(prompt) + target, branch=branch)
+        (self.side_families if side else self.families).append(family)
 
     def batch(self, features: torch.Tensor) -> dict:
-        return {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
-                "position_ids": torch.tensor([self.positions]), "features": features,
-                "frame_targets": torch.tensor([self.targets]), "families": self.families}
+        batch = {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
+                 "position_ids": torch.tensor([self.positions]), "features": features,
+                 "frame_targets": torch.tensor([self.targets]), "families": self.families,
+                 "side_families": self.side_families, "branches": torch.tensor([self.branches])}
+        if self.side_families:
+            batch["attention_mask"] = branch_mask(torch.tensor(self.branches))
+        return batch
+
+
+def branch_mask(branches: torch.Tensor) -> torch.Tensor:
+    """(1, 1, n, n) additive mask: causal, and a side question's tokens are seen only by the
+    tokens of the same side question (branches: -1 = the stream)."""
+    n = len(branches)
+    visible = torch.ones(n, n, dtype=torch.bool).tril()
+    visible &= (branches.unsqueeze(0) < 0) | (branches.unsqueeze(0) == branches.unsqueeze(1))
+    return torch.zeros(1, 1, n, n).masked_fill(~visible, float("-inf"))
 
 
 @dataclass
@@ -99,9 +125,10 @@ class Window:
         return [index for start, end in self.segments for index in range(start, end)]
 
 
-def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targets: bool = False) -> dict:
+def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targets: bool = False,
+                   side_questions: int = 0, rng: random.Random | None = None) -> dict:
     """input_ids, labels, position_ids, features, families and (if asked) dense per-frame
-    targets of one window of a stream."""
+    targets of one window of a stream, with up to `side_questions` side questions."""
     times = stream.frame_times
     shown = times[window.frames]
     writer = SequenceWriter(tokenizer, window.start_position)
@@ -109,6 +136,7 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
     last_current: dict[str, float] = {}
     pending = iter(stream.questions)
     question = next(pending, None)
+    side = _pick_side_questions(stream, window, shown, side_questions, rng) if side_questions else {}
     written = 0   # frames already in the sequence
     for number, (start, end) in enumerate(window.segments):
         if number:
@@ -118,6 +146,8 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
         for index in range(start, end):
             writer.frame(frame_words(stream, index, shown[:written]) if frame_targets else None)
             written += 1
+            for extra in side.get(index, []):
+                writer.question(extra.text, extra.answer, extra.family, side=True)
             until = times[index + 1] if index + 1 < end else segment_end
             while question is not None and question.t < until:
                 if question.t > times[index] and _answerable(question, shown, asked, last_current):
@@ -126,6 +156,41 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
         while question is not None and question.t < segment_end:   # questions of the skipped time
             question = next(pending, None)
     return writer.batch(stream.features[window.frames])
+
+
+#: side questions per family, as shares of those asked of a window: memory first, since the
+#: stream's own questions already ask the current scene most often
+SIDE_SHARES = {"recent": 0.3, "long": 0.3, "distant": 0.2, "current": 0.2}
+_CANDIDATES: dict[tuple[int, int], list] = {}
+
+
+def side_candidates(stream: RenderedStream) -> list:
+    """Per frame, every question answerable just after it (cached per stream)."""
+    key = (stream.seed, len(stream.frame_times))
+    if key not in _CANDIDATES:
+        episode = generate_episode(stream.seed, round(len(stream.frame_times) / FEED_RATE_HZ))
+        _CANDIDATES[key] = questions_at(episode, [round(float(t) + 0.5 / FEED_RATE_HZ, 2) for t in stream.frame_times])
+    return _CANDIDATES[key]
+
+
+def _pick_side_questions(stream, window: Window, shown, count: int, rng: random.Random) -> dict[int, list]:
+    """About `count` side questions, by SIDE_SHARES, at random frames of the window whose
+    evidence it showed; keyed by the frame they follow."""
+    candidates = side_candidates(stream)
+    by_family: dict[str, list] = {family: [] for family in SIDE_SHARES}
+    for index in window.frames:
+        for question in candidates[index]:
+            if question.evidence is not None:
+                t_enter, t_exit = question.evidence
+                if not ((shown >= t_enter) & (shown < t_exit)).any():
+                    continue
+            by_family[question.family].append((index, question))
+    chosen: dict[int, list] = {}
+    for family, share in SIDE_SHARES.items():
+        options = by_family[family]
+        for index, question in rng.sample(options, min(len(options), round(share * count))):
+            chosen.setdefault(index, []).append(question)
+    return chosen
 
 
 def _answerable(question, shown, asked: set, last_current: dict) -> bool:

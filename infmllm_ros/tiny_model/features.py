@@ -43,7 +43,7 @@ def language_model_loss(model, batch: dict, logits: bool = False, frame_target_w
     """The loss over answer tokens of one sequence, plus frame_target_weight times the loss over
     its dense per-frame targets (frame_targets.py), or its logits, for validation."""
     output = model(inputs_embeds=input_embeddings(model, batch["input_ids"], batch["features"]),
-                   position_ids=batch["position_ids"])
+                   position_ids=batch["position_ids"], attention_mask=batch.get("attention_mask"))
     if logits:
         return output.logits
     scores = output.logits[0].float()

@@ -83,6 +83,8 @@ def parse_args(argv):
                         help="64 s validation episodes, as infmllm-eval streams them")
     parser.add_argument("--frame-target-weight", type=float, default=0.0,
                         help="weight of the dense per-frame targets (frame_targets.py); 0 = answers only")
+    parser.add_argument("--side-questions", type=int, default=0,
+                        help="side questions per training window (data.py), besides the stream's own; 0 = none")
     parser.add_argument("--vision-from", type=Path, default=None,
                         help="take the stage-0 vision tower from this model directory instead of training it")
     parser.add_argument("--vision-episodes", type=int, default=3600,
@@ -358,8 +360,9 @@ def main(argv=None) -> int:
     try:
         for step in progress:
             stream, window = next_window(args, step, streams, sampler)
-            batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0)
-            if batch["families"]:
+            batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0,
+                                   side_questions=args.side_questions, rng=sampler)
+            if batch["families"] or batch["side_families"]:
                 loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -390,7 +393,7 @@ def main(argv=None) -> int:
               "language_model_seconds": round(state["seconds"], 1),
               "steps": args.steps, "streams": args.streams, "stream_seconds": args.stream_seconds,
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
-              "frame_target_weight": args.frame_target_weight, "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
+              "frame_target_weight": args.frame_target_weight, "side_questions": args.side_questions, "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
               "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
               "command": "infmllm-train-tiny " + " ".join(sys.argv[1:] if argv is None else argv)}

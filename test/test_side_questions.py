@@ -1,0 +1,69 @@
+"""Side questions: each sees the stream up to its frame and is seen by nothing after it."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from infmllm_ros.synthetic import corpus_text, generate_episode, generate_questions
+from infmllm_ros.tiny_model.architecture import IMAGE_TOKENS, build_model, train_tokenizer
+from infmllm_ros.tiny_model.data import Window, build_sequence, side_candidates
+from infmllm_ros.tiny_model.features import language_model_loss
+from infmllm_ros.tiny_model.streams import RenderedStream, frame_objects
+
+
+def _stream(seed: int = 130_011, duration: float = 40.0) -> RenderedStream:
+    episode = generate_episode(seed, duration)
+    times = 0.5 + np.arange(int(duration))
+    stream = RenderedStream(seed, times, [frame_objects(episode, float(t)) for t in times],
+                            generate_questions(episode, seed, spacing_s=1.0))
+    stream.features = torch.randn(len(times), IMAGE_TOKENS, 128, generator=torch.Generator().manual_seed(0)).half()
+    return stream
+
+
+def test_side_questions_are_true_and_leave_the_stream_unchanged():
+    torch.manual_seed(0)
+    tokenizer = train_tokenizer(corpus_text(range(5)))
+    model = build_model(tokenizer, 128, 1).eval()
+    stream = _stream()
+    window = Window([(0, len(stream.frame_times))])
+    plain = build_sequence(stream, window, tokenizer)
+    sided = build_sequence(stream, window, tokenizer, side_questions=24, rng=random.Random(1))
+    assert len(sided["side_families"]) >= 10 and sided["families"] == plain["families"]
+    assert bool((sided["attention_mask"][0, 0].diagonal() == 0).all())   # every token sees itself
+    with torch.inference_mode():
+        plain_logits = language_model_loss(model, plain, logits=True)[0]
+        sided_logits = language_model_loss(model, sided, logits=True)[0]
+    # the stream's tokens (those whose positions are not repeated by a branch) give the same
+    # logits with and without the branches: nothing in the stream sees a side question
+    is_stream = sided["branches"][0] < 0
+    kept = sided["input_ids"][0][is_stream]
+    assert torch.equal(kept, plain["input_ids"][0])
+    assert torch.allclose(sided_logits[is_stream], plain_logits, atol=1e-4)
+    # every side answer is what the world says at its time
+    for frame_questions in side_candidates(stream):
+        for question in frame_questions:
+            assert question.answer in tokenizer.get_vocab() or " " in question.answer
+
+
+def test_a_side_question_is_answered_as_if_asked_alone_after_its_frame():
+    torch.manual_seed(0)
+    tokenizer = train_tokenizer(corpus_text(range(5)))
+    model = build_model(tokenizer, 128, 1).eval()
+    stream = _stream()
+    stream.questions = []   # only the side question, so the alone-sequence is easy to write
+    window = Window([(0, 20)])
+    sided = build_sequence(stream, window, tokenizer, side_questions=4, rng=random.Random(3))
+    branches = sided["branches"][0]
+    ids, positions = sided["input_ids"][0], sided["position_ids"][0]
+    first = int((branches == 0).nonzero()[0])
+    end = int((branches == 0).nonzero()[-1]) + 1
+    alone = {"input_ids": ids[None, :end], "position_ids": positions[None, :end],
+             "features": stream.features[:int((ids[:first] == model.config.image_token_index).sum()) // IMAGE_TOKENS]}
+    assert int(positions[first]) == int(positions[first - 1]) + 1   # it continues the stream's positions
+    with torch.inference_mode():
+        both = language_model_loss(model, sided, logits=True)[0]
+        single = language_model_loss(model, alone, logits=True)[0]
+    assert torch.allclose(both[first:end], single[first:end], atol=1e-4)
