@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 TINY = ["--streams", "1", "--stream-seconds", "70", "--validation-streams", "1", "--vision-steps", "5",
-        "--vision-episodes", "4",
+        "--vision-episodes", "4", "--short-streams", "0", "--validation-short-streams", "0",
         "--validate-every", "4", "--threads", "1", "--render-workers", "1"]
 
 

@@ -49,14 +49,14 @@ def build_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
-                vision_layers: int = 3) -> LlavaForConditionalGeneration:
+                vision_layers: int = 3, language_layers: int = 4) -> LlavaForConditionalGeneration:
     config = LlavaConfig(
         vision_config=dict(model_type="clip_vision_model", hidden_size=vision_width,
                            intermediate_size=2 * vision_width, num_hidden_layers=vision_layers,
                            num_attention_heads=vision_width // 32, image_size=IMAGE_SIZE,
                            patch_size=PATCH_SIZE, projection_dim=vision_width),
         text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=language_layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, tie_word_embeddings=True,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None),
