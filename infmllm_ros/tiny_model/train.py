@@ -97,9 +97,6 @@ def parse_args(argv):
                         help="CLIP tower depth (6 layers learnt shape faster per step than 3: 55 vs 38 %% at 2,000)")
     parser.add_argument("--language-layers", type=int, default=6,
                         help="Llama depth (6 beat 4 on every family at the same wall time: README)")
-    parser.add_argument("--init-from", type=Path, default=None,
-                        help="start every weight (tower, projector, language model) from this model directory "
-                             "of the same shape: a warm start, e.g. from the shipped model")
     parser.add_argument("--steps", type=int, default=5200, help="language-model steps (one window each)")
     # One window per step is a batch of one: at 1.5e-3 (every earlier recipe) the language model
     # stayed near its priors for thousands of steps, even fed perfect symbolic frames; at 3e-4 the
@@ -233,15 +230,6 @@ def _vision_snapshots(args, tokenizer, work_dir: Path) -> list[RenderedStream]:
     return [snapshot for snapshot in snapshots if snapshot.seed in set(wanted)]
 
 
-def _warm_start(model, directory: Path) -> None:
-    """Every weight from a trained model directory of the same shape (its tokenizer must match ours)."""
-    try:
-        source = LlavaForConditionalGeneration.from_pretrained(directory)
-        model.load_state_dict(source.state_dict())
-    except (OSError, ValueError, RuntimeError) as error:
-        raise SystemExit(f"infmllm-train-tiny: cannot start from {directory}: {str(error).splitlines()[0]}")
-
-
 def _tower_from(directory: Path, tower) -> dict:
     """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
     try:
@@ -335,8 +323,6 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     tokenizer = train_tokenizer(corpus_text(range(200)))
     model = build_model(tokenizer, args.vision_width, args.vision_layers, args.language_layers).train()
-    if args.init_from:
-        _warm_start(model, args.init_from)
     checkpoint_path = args.work_dir / "checkpoint.pt"
     if not args.resume and checkpoint_path.exists():
         raise SystemExit(f"infmllm-train-tiny: {checkpoint_path} exists: pass --resume to continue it, "
@@ -413,7 +399,7 @@ def main(argv=None) -> int:
               "steps": args.steps, "streams": args.streams, "stream_seconds": args.stream_seconds,
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
               "frame_target_weight": args.frame_target_weight, "side_questions": args.side_questions,
-              "language_layers": args.language_layers, "init_from": str(args.init_from) if args.init_from else None,
+              "language_layers": args.language_layers,
               "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
               "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
