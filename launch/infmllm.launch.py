@@ -22,7 +22,7 @@ OVERRIDES = {
     "device": (str, "torch device: cpu, cuda or cuda:N"),
     "quantization": (str, "none, nf4, int8, cpu-int8 or auto"),
     "cache_policy": (str, "full, streaming, h2o or infmllm"),
-    "cache_budget": (int, "tokens kept per layer after an eviction"),
+    "cache_budget": (int, "tokens kept per layer after an eviction (0 = auto: 16 frames of the model)"),
     "autostart": (bool, "true: walk to active at start; false: stay unconfigured for a lifecycle manager"),
 }
 

@@ -370,7 +370,7 @@ def test_defaults_pass_and_match_the_engine():
     ("quantization", "gptq", "not yet supported"),
     ("quantization", "bogus", "'cpu-int8'"),
     ("cache_policy", "lru", "one of"),
-    ("cache_budget", 0, "in ["),
+    ("cache_budget", -1, "in ["),
     ("attention_bias", 1.5, "in ["),
     ("frame_rate_hz", 0.0, "in ("),
     ("max_new_tokens", 0, "in ["),

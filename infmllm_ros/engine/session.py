@@ -9,7 +9,7 @@ lets it evict between forwards and assign positions inside the cache.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generator, Iterator
 
 import numpy as np
@@ -20,7 +20,16 @@ from .adapters import PromptFormat, positions_for
 from .attention import SCORING_ATTENTION, collecting_attention_mass
 from .cache import BoundedCache
 from .loading import load_model_and_processor, resolve_model_path
-from .policies import make_policy
+from .policies import make_policy, policy_class
+
+
+AUTO = 0
+#: AUTO sizes in frames of the model, never below the token counts the embedded model (17 tokens a
+#: frame) was measured with: a Qwen2-VL frame of 640x480 is ~400 tokens, so fixed token defaults
+#: would reject every frame of it (chunk) or keep two frames (budget)
+AUTO_SIZES = {"cache_budget": (16, 1024), "recent_window": (4, 256), "eviction_chunk": (1, 64)}
+#: the frame size (height, width) sizes are computed for: what most robot cameras publish
+REFERENCE_FRAME = (480, 640)
 
 
 @dataclass
@@ -32,12 +41,24 @@ class SessionConfig:
     dtype: str = "float32"
     quantization: str = "auto"        # none | nf4 | int8 | cpu-int8 | auto (quantization.default_mode)
     cache_policy: str = "infmllm"
-    cache_budget: int = 1024           # tokens per layer after an eviction
-    recent_window: int = 256           # newest tokens always kept (infmllm, h2o)
-    eviction_chunk: int = 64           # cache may exceed the budget by this much before evicting
+    # The three sizes are tokens; AUTO (0) sizes them from the model's tokens per frame (AUTO_SIZES)
+    cache_budget: int = AUTO           # tokens per layer after an eviction
+    recent_window: int = AUTO          # newest tokens always kept (infmllm, h2o)
+    eviction_chunk: int = AUTO         # cache may exceed the budget by this much before evicting
     sink_tokens: int = 4               # first tokens always kept (streaming, infmllm)
     attention_bias: float = 0.2        # infmllm: share of saddle evidence forgotten per eviction
     max_new_tokens: int = 16
+
+    def sized(self, frame_tokens: int) -> "SessionConfig":
+        """This config with AUTO sizes replaced by frame counts of the model, and the sizes checked
+        against one frame: a cache that can never take a frame is a configuration error."""
+        sizes = {name: getattr(self, name) or max(frames * frame_tokens, floor)
+                 for name, (frames, floor) in AUTO_SIZES.items()}
+        if self.cache_policy != "full" and sizes["eviction_chunk"] < frame_tokens:
+            raise ValueError(f"one {REFERENCE_FRAME[1]}x{REFERENCE_FRAME[0]} frame is {frame_tokens} tokens of this "
+                             f"model, more than eviction_chunk ({sizes['eviction_chunk']}): set eviction_chunk to at "
+                             f"least {frame_tokens}, or to 0 to size the cache from the model")
+        return replace(self, **sizes)
 
     def policy_settings(self) -> dict:
         settings = dict(budget=self.cache_budget, chunk=self.eviction_chunk)
@@ -74,13 +95,12 @@ class StreamingSession:
     """One camera stream and its conversation. Not thread-safe: one thread should own it."""
 
     def __init__(self, config: SessionConfig | None = None, model=None, processor=None) -> None:
-        self.config = config or SessionConfig()
-        self.policy = make_policy(self.config.cache_policy, **self.config.policy_settings())
-        attention = SCORING_ATTENTION if self.policy.needs_attention_mass else "sdpa"
-        model_dir = resolve_model_path(self.config.model_path)
+        config = config or SessionConfig()
+        attention = SCORING_ATTENTION if policy_class(config.cache_policy).needs_attention_mass else "sdpa"
+        model_dir = resolve_model_path(config.model_path)
         if model is None:
-            model, processor = load_model_and_processor(model_dir, self.config.device, self.config.dtype, attention,
-                                                        self.config.quantization)
+            model, processor = load_model_and_processor(model_dir, config.device, config.dtype, attention,
+                                                        config.quantization)
         else:
             model.set_attn_implementation({"text_config": attention, "vision_config": "sdpa"})
         self.model, self.processor = model, processor
@@ -89,6 +109,9 @@ class StreamingSession:
         self.prompt = PromptFormat.for_model(model_dir, self.family)
         self.positions = positions_for(model)
         self.tokenizer = processor.tokenizer
+        self.frame_tokens = self._tokens_per_frame()
+        self.config = config.sized(self.frame_tokens)
+        self.policy = make_policy(self.config.cache_policy, **self.config.policy_settings())
         self.stop_ids = {self.tokenizer.eos_token_id} - {None}
         self.frames_seen = 0
         self.newest_frame_stamp: float | None = None
@@ -103,6 +126,11 @@ class StreamingSession:
         self._segment = 0
         self.frames_seen = 0
         self.newest_frame_stamp = None
+
+    def _tokens_per_frame(self) -> int:
+        """Tokens one REFERENCE_FRAME camera frame takes in this model's prompt format."""
+        blank = Image.new("RGB", REFERENCE_FRAME[::-1])
+        return int(self.processor(text=self.prompt.frame, images=[blank], return_tensors="pt")["input_ids"].shape[-1])
 
     # ---- appending -------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ class CameraSessions:
         for camera in cameras[1:]:
             self.sessions[camera] = StreamingSession(config, model=first.model, processor=first.processor)
         self.default_camera = cameras[0]
-        self.config = first.config
+        self.config = first.config   # AUTO sizes resolved
+        self.frame_tokens = first.frame_tokens
         self.family = first.family
         self.model = first.model
 

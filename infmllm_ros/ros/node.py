@@ -198,12 +198,14 @@ class InfMLLMNode(LifecycleNode):
         except (ParameterError, ModelLoadError, ValueError, OSError, RuntimeError) as error:
             return self._fail("configure", error)
         self._gate = FeedGate(self.settings["frame_rate_hz"])
-        config = self._sessions.config
+        config, frame_tokens = self._sessions.config, self._sessions.frame_tokens
         self.get_logger().info(
             f"configured: model {self._sessions.family} from {self.settings['model_path'] or 'the embedded model'} "
             f"on {config.device} ({config.dtype}, quantization {config.quantization}, {torch.get_num_threads()} "
             f"torch threads); cache policy "
-            f"{config.cache_policy}, budget {config.cache_budget} tokens, recent window {config.recent_window}; "
+            f"{config.cache_policy}, budget {config.cache_budget} tokens ({config.cache_budget / frame_tokens:.0f} "
+            f"frames of {frame_tokens} tokens at 640x480), recent window {config.recent_window}, eviction chunk "
+            f"{config.eviction_chunk}; "
             f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}")
         self.last_failure = ""
         self.state = "inactive"

@@ -106,12 +106,12 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   "a frame's ingest 870 ms against 29 ms with one thread)", in_range(0, 1024)),
     ParameterSpec("cache_policy", "string", "infmllm", "KV cache policy: full, streaming, h2o or infmllm",
                   one_of(CACHE_POLICIES)),
-    ParameterSpec("cache_budget", "integer", 1024, "tokens kept per layer after an eviction",
-                  in_range(1, 1_000_000)),
-    ParameterSpec("recent_window", "integer", 256, "newest tokens always kept (infmllm, h2o)",
-                  in_range(0, 1_000_000)),
-    ParameterSpec("eviction_chunk", "integer", 64, "tokens the cache may grow past the budget before evicting; "
-                  "must hold one frame", in_range(1, 1_000_000)),
+    ParameterSpec("cache_budget", "integer", 0, "tokens kept per layer after an eviction; 0 = auto: 16 frames "
+                  "of the model (at least 1,024 tokens)", in_range(0, 1_000_000)),
+    ParameterSpec("recent_window", "integer", 0, "newest tokens always kept (infmllm, h2o); 0 = auto: 4 frames "
+                  "(at least 256 tokens)", in_range(0, 1_000_000)),
+    ParameterSpec("eviction_chunk", "integer", 0, "tokens the cache may grow past the budget before evicting; "
+                  "must hold one frame; 0 = auto: one frame (at least 64 tokens)", in_range(0, 1_000_000)),
     ParameterSpec("sink_tokens", "integer", 4, "first tokens always kept (streaming, infmllm)",
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "

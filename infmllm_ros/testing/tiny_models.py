@@ -39,8 +39,16 @@ def _text_config(vocab_size: int, **extra) -> dict:
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, **extra)
 
 
-def build(family: str, seed: int = 0):
-    """(model, processor) of a tiny random instance of `family` (one of FAMILIES)."""
+#: what real checkpoints' processors do to a camera frame (Qwen2-VL-2B-Instruct's pixel limits;
+#: SmolVLM-256M's 512 px image of 64 tokens, without its tiling): a 640x480 frame is then ~400
+#: (Qwen2-VL) or ~70 (SmolVLM) tokens, where the fast test shapes give a handful
+QWEN2_VL_PIXELS = (56 * 56, 28 * 28 * 16384)
+SMOLVLM_EDGE, SMOLVLM_IMAGE_TOKENS = 512, 64
+
+
+def build(family: str, seed: int = 0, real_frame_size: bool = False):
+    """(model, processor) of a tiny random instance of `family` (one of FAMILIES); with
+    `real_frame_size` its processor turns a frame into as many tokens as the real checkpoint's."""
     torch.manual_seed(seed)
     if family.startswith("llava"):
         tokenizer = word_tokenizer(["<image>"])
@@ -63,7 +71,8 @@ def build(family: str, seed: int = 0):
                                                                   mrope_section=[2, 3, 3]))
         tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                       vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-        image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=56 * 56)
+        pixels = QWEN2_VL_PIXELS if real_frame_size else (56 * 56, 56 * 56)
+        image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels[0], max_pixels=pixels[1])
         if family == "qwen2_vl":
             config = Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=64,
                                                                         num_heads=2, mlp_ratio=2), **tokens)
@@ -76,22 +85,23 @@ def build(family: str, seed: int = 0):
                 Qwen2_5_VLImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer))
     if family == "idefics3":
         tokenizer = word_tokenizer(IDEFICS_SPECIAL)
+        edge, image_tokens, scale = (SMOLVLM_EDGE, SMOLVLM_IMAGE_TOKENS, 4) if real_frame_size else (64, 4, 2)
         config = Idefics3Config(
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                               image_size=64, patch_size=16),
-            text_config=dict(model_type="llama", **_text_config(len(tokenizer))), scale_factor=2,
+                               image_size=edge, patch_size=16),
+            text_config=dict(model_type="llama", **_text_config(len(tokenizer))), scale_factor=scale,
             image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
         processor = Idefics3Processor(
-            image_processor=Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 64},
-                                                      do_image_splitting=False),
-            tokenizer=tokenizer, image_seq_len=4)
+            image_processor=Idefics3ImageProcessorPil(size={"longest_edge": edge},
+                                                      max_image_size={"longest_edge": edge}, do_image_splitting=False),
+            tokenizer=tokenizer, image_seq_len=image_tokens)
         return Idefics3ForConditionalGeneration(config).eval(), processor
     raise ValueError(f"unknown family {family!r}; choose from {FAMILIES}")
 
 
-def save(family: str, directory: Path, seed: int = 0) -> Path:
+def save(family: str, directory: Path, seed: int = 0, real_frame_size: bool = False) -> Path:
     """Build a tiny `family` model and write it as a loadable Hugging Face directory."""
-    model, processor = build(family, seed)
+    model, processor = build(family, seed, real_frame_size)
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory

@@ -13,14 +13,18 @@ POLICIES: dict[str, type[CachePolicy]] = {
 }
 
 
-def make_policy(name: str, **settings) -> CachePolicy:
-    """Build a policy by name; unknown names and bad settings fail here, with the valid choices."""
+def policy_class(name: str) -> type[CachePolicy]:
+    """The policy class of `name`; an unknown name fails here, with the valid choices."""
     try:
-        cls = POLICIES[name]
+        return POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown cache policy {name!r}; choose one of {sorted(POLICIES)}") from None
-    return cls(**settings)
+
+
+def make_policy(name: str, **settings) -> CachePolicy:
+    """Build a policy by name; unknown names and bad settings fail here, with the valid choices."""
+    return policy_class(name)(**settings)
 
 
 __all__ = ["CachePolicy", "FullCache", "StreamingWindow", "HeavyHitters", "AttentionSaddles",
-           "POLICIES", "make_policy", "local_sum"]
+           "POLICIES", "make_policy", "policy_class", "local_sum"]
