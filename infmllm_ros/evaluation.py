@@ -68,6 +68,15 @@ class EvalResult:
     def accuracy(self) -> dict[str, float]:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
 
+    def merge(self, other: "EvalResult") -> None:
+        """Add another run's counts and records to this one (episodes scored in other processes)."""
+        for f in FAMILIES:
+            self.correct[f] += other.correct[f]
+            self.total[f] += other.total[f]
+            self.evidence_kept[f] += other.evidence_kept[f]
+        self.mistakes += other.mistakes
+        self.answers += other.answers
+
     def mean_evidence_kept(self) -> dict[str, float]:
         """Mean share of the evidence tokens still cached at question time, per memory family."""
         return {f: sum(v) / len(v) if v else float("nan") for f, v in self.evidence_kept.items()}

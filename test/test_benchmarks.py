@@ -97,3 +97,21 @@ def test_node_quick_replays_a_30hz_bag_through_dds(tmp_path, ros_environ):
     for key in ("observed_p50_ms", "node_p50_ms", "engine_p50_ms"):
         assert math.isfinite(row[key]) and row[key] > 0
     assert "| bag_s |" in result.stdout
+    cameras = json.loads((tmp_path / "out" / "node_quick.json").read_text())["two_cameras"]
+    for name in ("raw", "jpeg"):   # every frame each camera delivered is accounted for, exactly
+        assert cameras[f"{name}_accounted"] and cameras[f"{name}_fed"] > 0
+        assert cameras[f"{name}_received"] <= cameras[f"sent_{name}"]
+    assert cameras["answered"] + cameras["not_answered"] == cameras["queries"] > 0
+    assert all(count > 0 for count in cameras["answered_per_camera"].values())
+    assert (tmp_path / "out" / "node_quick_two_cameras_rss.png").stat().st_size > 1000
+
+
+def test_quality_scored_in_worker_processes_matches_one_process():
+    """Episodes scored two at a time in spawned workers give exactly the rows of one process."""
+    from infmllm_ros.benchmarks.quality import run_quality
+    from infmllm_ros.models import embedded_model_path
+    arguments = (str(embedded_model_path()), 2, 24.0, (0.25,), ("streaming", "infmllm"))
+    alone = run_quality(*arguments, workers=1)
+    pooled = run_quality(*arguments, workers=2)
+    assert json.dumps(alone, sort_keys=True) == json.dumps(pooled, sort_keys=True)   # NaN cells compare too
+    assert alone[0]["n_current"] > 0 and alone[1]["budget"] == int(0.25 * alone[1]["stream_tokens"])

@@ -27,6 +27,7 @@ from .quant import run_quant
 from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, write_json
 from .scale import METRICS, POLICIES, ratios, run_scale
 from .text_stream import VARIANTS, run_text
+from .two_cameras import JPEG_HZ, RAW_HZ, run_two_cameras
 
 SUITES = ("scale", "quality", "overhead", "text", "node", "quant")
 ALL = ("scale", "quality", "overhead", "text", "node")
@@ -76,7 +77,7 @@ def scale_suite(suite: Suite, model_path: str, args, overrides: dict | None = No
 
 def quality_suite(suite: Suite, model_path: str, args) -> None:
     episodes, duration, shares = (1, 60.0, (0.25,)) if suite.quick else (args.episodes, 600.0, BUDGET_SHARES)
-    rows = run_quality(model_path, episodes, duration, shares, spacing_s=args.spacing)
+    rows = run_quality(model_path, episodes, duration, shares, spacing_s=args.spacing, workers=args.workers)
     for row in rows:
         for family in FAMILIES:
             row[family] = f"{row[f'acc_{family}']:.1f} ({row[f'lo_{family}']:.0f}-{row[f'hi_{family}']:.0f})"
@@ -86,7 +87,8 @@ def quality_suite(suite: Suite, model_path: str, args) -> None:
     suite.table("Quality: evidence still cached at question time (%), and accuracy as a share of full's (%)", rows,
                 ["policy", "share", *(f"kept_{f}" for f in FAMILIES if f != "current"),
                  *(f"of_full_{f}" for f in FAMILIES)])
-    suite.save({"rows": rows, "episodes": episodes, "duration_s": duration, "spacing_s": args.spacing})
+    suite.save({"rows": rows, "episodes": episodes, "duration_s": duration, "spacing_s": args.spacing,
+                "workers": args.workers})
     suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
 
 
@@ -115,10 +117,16 @@ def node_suite(suite: Suite, model_path: str, args) -> None:
     duration = 20.0 if suite.quick else 600.0
     row = run_node_e2e(duration, Path(args.cache_dir) / f"node_bag_{duration:.0f}s_30hz")
     suite.table(f"Node end to end: {duration:.0f} s bag at 30 Hz into the node over DDS", [row], list(row))
-    suite.save({"row": row})
+    cameras = run_two_cameras(duration)
+    suite.table(f"Two cameras for {duration:.0f} s: rgb8 at {RAW_HZ:g} Hz and JPEG at {JPEG_HZ:g} Hz into one node",
+                [cameras], [key for key in cameras if key != "rss_mb"])
+    suite.save({"row": row, "two_cameras": cameras})
     bars = [{"measure": name, **{f"p{q}_ms": row[f"{name}_p{q}_ms"] for q in (50, 95, 99)}}
             for name in ("observed", "node", "engine")]
     suite.plot(bar_plot(suite.file, bars, "measure", ["p50_ms", "p95_ms", "p99_ms"], suite.out))
+    memory = [{"seconds": t, "node_rss_mb": mb, "run": "two cameras"} for t, mb in cameras["rss_mb"]]
+    suite.plot(line_plot(f"{suite.file}_two_cameras_rss", memory, "seconds", ["node_rss_mb"], "run", suite.out,
+                         logx=False))
 
 
 def quant_suite(suite: Suite, model_path: str, args) -> None:
@@ -146,6 +154,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full-max-frames", type=int, default=3600, help="scale: stop `full` here")
     p.add_argument("--episodes", type=int, default=3, help="quality: 10-minute episodes")
     p.add_argument("--spacing", type=float, default=3.0, help="quality: seconds between questions")
+    p.add_argument("--workers", type=int, default=1, help="quality: episodes scored at once (a process each)")
     p.add_argument("--text-tokens", type=int, default=1_048_576, help="text: tokens streamed")
     p.add_argument("--full-max-tokens", type=int, default=32_768, help="text: stop `full` here")
     p.add_argument("--out", default=str(RESULTS_DIR))

@@ -9,6 +9,9 @@ question time, which depends on the policy alone.
 
 from __future__ import annotations
 
+import multiprocessing
+
+import torch
 from tqdm import tqdm
 
 from infmllm_ros.evaluation import EvalResult, evaluate_episode, render_episode, wilson_interval
@@ -44,37 +47,62 @@ def add_share_of_full(rows: list[dict]) -> None:
 
 
 def run_quality(model_path, episodes: int, duration_s: float, shares=BUDGET_SHARES, policies=BOUNDED,
-                spacing_s: float = 3.0) -> list[dict]:
+                spacing_s: float = 3.0, workers: int = 1) -> list[dict]:
     """Rows for `full` and for each bounded policy at each budget share.
 
-    Episodes are the outer loop, so each is rendered once and streamed into every cell.
+    Budgets are shares of the first episode's tokens under `full`, measured first; then each
+    episode is rendered once and streamed into every cell, `workers` episodes at a time (one
+    process and one torch thread each: a 4.5 M-parameter model gains little from a second thread,
+    and episodes are independent).
     """
-    seeds = range(FIRST_SEED, FIRST_SEED + episodes)
-    full = make_session(model_path, "full", 1, 0)
-    cells: dict[tuple[str, float], tuple] = {}
-    results = {("full", 1.0): EvalResult()}
-    stream_tokens = None
+    seeds = list(range(FIRST_SEED, FIRST_SEED + episodes))
     progress = tqdm(total=episodes * (1 + len(shares) * len(policies)), desc="quality", unit="cell-episode")
-    for seed in seeds:
-        rendered = render_episode(seed, duration_s)
-        evaluate_episode(full, seed, duration_s, results[("full", 1.0)], rendered, spacing_s)
-        progress.update()
-        if stream_tokens is None:
-            stream_tokens = full.cache.tokens_seen
-            for share in shares:
-                budget = int(share * stream_tokens)
-                for policy in policies:
-                    cells[(policy, share)] = make_session(model_path, policy, budget,
-                                                          max(int(RECENT_SHARE * budget), 1))
-                    results[(policy, share)] = EvalResult()
-        for key, session in cells.items():
-            evaluate_episode(session, seed, duration_s, results[key], rendered, spacing_s)
-            progress.update()
+    results = {("full", 1.0): EvalResult()}
+    full = make_session(model_path, "full", 1, 0)
+    evaluate_episode(full, seeds[0], duration_s, results[("full", 1.0)], render_episode(seeds[0], duration_s),
+                     spacing_s)
+    progress.update()
+    stream_tokens = full.cache.tokens_seen
+    del full
+    budgets = {(policy, share): int(share * stream_tokens) for share in shares for policy in policies}
+    jobs = [(model_path, seed, duration_s, budgets, spacing_s, seed != seeds[0]) for seed in seeds]
+    by_seed = {}
+    if workers > 1:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            for seed, cells in pool.imap_unordered(_score_episode, jobs):
+                by_seed[seed] = cells
+                progress.update(len(cells))
+    else:
+        for job in jobs:
+            seed, cells = _score_episode(job)
+            by_seed[seed] = cells
+            progress.update(len(cells))
     progress.close()
+    for seed in seeds:   # merged in seed order, so mistakes and answers read the same at any worker count
+        for key, result in by_seed[seed].items():
+            results.setdefault(key, EvalResult()).merge(result)
     rows = [cell_row("full", "all", "100 %", results[("full", 1.0)])]
-    rows += [cell_row(policy, cells[(policy, share)].policy.budget, f"{100 * share:.0f} %", results[(policy, share)])
+    rows += [cell_row(policy, budgets[(policy, share)], f"{100 * share:.0f} %", results[(policy, share)])
              for share in shares for policy in policies]
     for row in rows:
         row["stream_tokens"] = stream_tokens
     add_share_of_full(rows)
     return rows
+
+
+def _score_episode(job) -> tuple[int, dict]:
+    """One episode streamed into every cell (and into `full`, unless already scored)."""
+    model_path, seed, duration_s, budgets, spacing_s, with_full = job
+    if multiprocessing.current_process().name != "MainProcess":
+        torch.set_num_threads(1)
+    rendered = render_episode(seed, duration_s)
+    cells = {}
+    if with_full:
+        cells[("full", 1.0)] = EvalResult()
+        evaluate_episode(make_session(model_path, "full", 1, 0), seed, duration_s, cells[("full", 1.0)], rendered,
+                         spacing_s)
+    for (policy, share), budget in budgets.items():
+        cells[(policy, share)] = EvalResult()
+        session = make_session(model_path, policy, budget, max(int(RECENT_SHARE * budget), 1))
+        evaluate_episode(session, seed, duration_s, cells[(policy, share)], rendered, spacing_s)
+    return seed, cells
