@@ -25,7 +25,8 @@ def plot_training_curve(record: dict, path: Path) -> None:
     accuracy.legend()
     loss.plot(steps, [row["loss"] for row in history], marker="o", color="black")
     loss.set(xlabel="step", ylabel="training loss (smoothed)", yscale="log", title="loss")
-    figure.suptitle(record.get("command", ""), fontsize=8)
+    # a resumed run shows each command it ran under, with the step it started from
+    figure.suptitle("\n".join(record.get("commands") or [record.get("command", "")]), fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from infmllm_ros.synthetic import FEED_RATE_HZ, generate_episode
@@ -207,14 +208,17 @@ def _answerable(question, shown, asked: set, last_current: dict) -> bool:
     return True
 
 
-def sample_window(stream: RenderedStream, rng: random.Random, frames: int, gapped: bool,
-                  offset_share: float = 0.5) -> Window:
-    """A window of about `frames` frames: contiguous, or (gapped) a short run around a
-    seen-once object followed, minutes later, by a run that ends where it can be asked about."""
+def sample_window(stream: RenderedStream, rng: random.Random, frames: int, gapped: bool = False,
+                  offset_share: float = 0.5, scattered: bool = False) -> Window:
+    """A window of about `frames` frames: contiguous; or (gapped) a short run around a
+    seen-once object followed, minutes later, by a run that ends where it can be asked about;
+    or (scattered) runs around every object askable then, among runs of the minutes between."""
     count = len(stream.frame_times)
     frames = min(frames, count)
     segments = None
-    if gapped:
+    if scattered:
+        segments = _scattered_segments(stream, rng, frames)
+    elif gapped:
         segments = _gapped_segments(stream, rng, frames)
     if segments is None:
         start = rng.randrange(count - frames + 1)
@@ -247,3 +251,36 @@ def _gapped_segments(stream: RenderedStream, rng: random.Random, frames: int):
     if b1 - b0 < 2:
         return None
     return [(a0, a1), (b0, b1)]
+
+
+def _scattered_segments(stream: RenderedStream, rng: random.Random, frames: int):
+    """A gapped window as a 10-minute stream presents it: a run inside every seen-once object a
+    question can reach back to at one time (each a wrong answer to the others), short runs
+    spread over the minutes between (the recurring objects a model that fails to look back
+    copies its answer from: the 600 s evaluation's distant mistakes were those), and a tail
+    that ends where the questions are asked. Side questions then ask about all of them."""
+    distant = [q for q in stream.questions if q.family == "distant"]
+    if not distant:
+        return None
+    times = stream.frame_times
+    ask = int(np.searchsorted(times, rng.choice(distant).t, side="right")) - 1
+    if ask < 1:
+        return None
+    evidence = {q.evidence for q in side_candidates(stream)[ask] if q.family in ("distant", "long")}
+    taken = np.zeros(ask + 1, dtype=bool)
+    tail = min(rng.randint(6, 16), ask + 1)
+    taken[ask + 1 - tail:] = True
+    for t_enter, t_exit in evidence:
+        inside = np.flatnonzero((times[:ask + 1] >= t_enter) & (times[:ask + 1] < t_exit))
+        if len(inside):
+            run = min(len(inside), rng.randint(3, 6))
+            first = inside[rng.randrange(len(inside) - run + 1)]
+            taken[first:first + run] = True
+    start = int(np.flatnonzero(taken)[0])
+    while taken.sum() < frames and start < ask + 1 - tail:   # distractor runs of 2-4 frames
+        first = rng.randrange(start, ask + 1 - tail)
+        taken[first:first + rng.randint(2, 4)] = True
+        if taken[start:].all():
+            break
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], taken.astype(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]

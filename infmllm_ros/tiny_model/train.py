@@ -107,6 +107,10 @@ def parse_args(argv):
     parser.add_argument("--max-frames", type=int, default=64, help="longest contiguous training window")
     parser.add_argument("--gapped-share", type=float, default=0.35,
                         help="after the short windows, share of windows with a minutes-long position gap")
+    parser.add_argument("--scattered-share", type=float, default=0.0,
+                        help="after the short windows, share of scattered windows: runs around every seen-once "
+                             "object askable at one time, among runs of the minutes between (data.py)")
+    parser.add_argument("--scattered-frames", type=int, default=128, help="longest scattered window")
     parser.add_argument("--validate-every", type=int, default=1000)
     parser.add_argument("--checkpoint-minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -246,13 +250,16 @@ def _tower_from(directory: Path, tower) -> dict:
 
 def validation_windows(streams: Streams) -> list[tuple[RenderedStream, Window]]:
     """Fixed windows: each short validation episode whole and the first 64 s of each long one (as
-    infmllm-eval streams them), and one gapped window per long stream reaching minutes back."""
+    infmllm-eval streams them), and one gapped and one scattered window per long stream reaching minutes back."""
     windows = [(stream, Window([(0, len(stream.frame_times))])) for stream in streams.short_validation]
     for stream in streams.validation:
         windows.append((stream, Window([(0, 64)])))
         gapped = sample_window(stream, random.Random(stream.seed), 64, gapped=True, offset_share=0.0)
         if len(gapped.segments) > 1:
             windows.append((stream, gapped))
+        scattered = sample_window(stream, random.Random(stream.seed), 128, scattered=True, offset_share=0.0)
+        if len(scattered.segments) > 1:
+            windows.append((stream, scattered))
     return windows
 
 
@@ -303,8 +310,13 @@ def next_window(args, step: int, streams: Streams, rng: random.Random) -> tuple[
     """Short windows first; then gapped windows of the long streams (distant questions) and
     contiguous ones, from the short episodes or the long streams."""
     long_stream = streams.train[rng.randrange(len(streams.train))]
-    if step >= args.short_share * args.steps and rng.random() < args.gapped_share:
-        return long_stream, sample_window(long_stream, rng, rng.randint(40, 64), gapped=True)
+    if step >= args.short_share * args.steps:
+        draw = rng.random()
+        if draw < args.gapped_share:
+            return long_stream, sample_window(long_stream, rng, rng.randint(40, 64), gapped=True)
+        if draw < args.gapped_share + args.scattered_share:
+            frames = rng.randint(min(args.max_frames, args.scattered_frames), args.scattered_frames)
+            return long_stream, sample_window(long_stream, rng, frames, scattered=True)
     stream = long_stream
     if streams.short_train and rng.random() < args.short_stream_share:
         stream = streams.short_train[rng.randrange(len(streams.short_train))]
@@ -351,6 +363,8 @@ def main(argv=None) -> int:
         torch.set_rng_state(saved["torch_rng"])
         state = saved["state"]
         tqdm.write(f"resumed from {checkpoint_path} at step {state['step']}")
+    command = "infmllm-train-tiny " + " ".join(sys.argv[1:] if argv is None else argv)
+    state.setdefault("commands", []).append(f"{command}  # from step {state['step']}")
 
     def checkpoint():
         state["seconds"] += time.perf_counter() - segment_start
@@ -403,7 +417,7 @@ def main(argv=None) -> int:
               "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
               "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
-              "command": "infmllm-train-tiny " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "command": command, "commands": state["commands"]}
     try:
         write_model_atomically(model.eval(), build_processor(tokenizer), args.out, record)
     except OSError as error:

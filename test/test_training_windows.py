@@ -1,0 +1,61 @@
+"""Scattered training windows: every seen-once object askable at the question's time is shown,
+among runs of the minutes between, and the positions run as if the whole stream had been fed."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from infmllm_ros.synthetic import corpus_text, generate_episode, generate_questions
+from infmllm_ros.tiny_model.architecture import IMAGE_TOKENS, train_tokenizer
+from infmllm_ros.tiny_model.data import (FRAME_TOKENS, TOKENS_PER_SECOND, build_sequence, sample_window,
+                                         side_candidates)
+from infmllm_ros.tiny_model.streams import RenderedStream, frame_objects
+
+
+def _stream(seed: int = 100_003, duration: float = 300.0) -> RenderedStream:
+    episode = generate_episode(seed, duration)
+    times = 0.5 + np.arange(int(duration))
+    stream = RenderedStream(seed, times, [frame_objects(episode, float(t)) for t in times],
+                            generate_questions(episode, seed, spacing_s=1.0))
+    stream.features = torch.zeros(len(times), IMAGE_TOKENS, 8, dtype=torch.float16)
+    return stream
+
+
+def test_a_scattered_window_shows_every_object_askable_where_it_ends():
+    stream = _stream()
+    assert any(q.family == "distant" for q in stream.questions)
+    rng = random.Random(0)
+    for _ in range(6):
+        window = sample_window(stream, rng, 80, scattered=True, offset_share=0.0)
+        segments = window.segments
+        assert len(segments) > 2
+        assert all(a < b for a, b in segments) and all(b0 < a1 for (_, b0), (a1, _) in zip(segments, segments[1:]))
+        frames = np.array(window.frames)
+        assert 40 <= len(frames) <= 80 + 3
+        shown = stream.frame_times[frames]
+        last = frames[-1]
+        reachable = [q for q in side_candidates(stream)[last] if q.family in ("distant", "long")]
+        assert any(q.family == "distant" for q in reachable)
+        for question in reachable:
+            t_enter, t_exit = question.evidence
+            assert ((shown >= t_enter) & (shown < t_exit)).any(), question
+
+
+def test_scattered_sequences_keep_stream_positions_and_ask_distant_questions():
+    stream = _stream()
+    tokenizer = train_tokenizer(corpus_text(range(5)))
+    rng = random.Random(1)
+    window = sample_window(stream, rng, 80, scattered=True, offset_share=0.0)
+    batch = build_sequence(stream, window, tokenizer, side_questions=48, rng=rng)
+    assert "distant" in batch["side_families"]
+    is_stream = batch["branches"][0] < 0
+    positions = batch["position_ids"][0][is_stream]
+    assert bool((positions[1:] > positions[:-1]).all())
+    # the last frame sits about where a fully fed stream puts it (gaps scale by 0.8-1.25)
+    frame_starts = positions[batch["input_ids"][0][is_stream] == tokenizer.convert_tokens_to_ids("<frame>")]
+    elapsed = stream.frame_times[window.frames[-1]] - stream.frame_times[window.frames[0]]
+    assert 0.75 * elapsed * TOKENS_PER_SECOND <= int(frame_starts[-1]) <= 1.3 * elapsed * TOKENS_PER_SECOND
+    assert len(batch["input_ids"][0][is_stream]) < elapsed * FRAME_TOKENS   # the minutes between are skipped
