@@ -18,7 +18,26 @@ from engine_helpers import frames, session_for
 
 @pytest.mark.parametrize("family", ["llava-llama", "qwen2_vl", "qwen2_5_vl", "idefics3"])
 def test_reindexed_keys_equal_fresh_keys(tiny_model_dirs, family):
-    session = session_for(tiny_model_dirs[family], "infmllm", cache_budget=40, recent_window=12,
+    _check_reindexed_keys(tiny_model_dirs[family], family)
+
+
+def test_reindexed_keys_with_attention_factor(tiny_model_dirs, tmp_path):
+    """The embedded model ships a YaRN attention factor (cos and sin scaled): a shift must rotate
+    the already-scaled keys, not scale them again."""
+    import shutil
+    from transformers import AutoConfig
+    from infmllm_ros.tiny_model.architecture import set_attention_factor
+    model_dir = tmp_path / "yarn"
+    shutil.copytree(tiny_model_dirs["llava-llama"], model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    set_attention_factor(config.text_config, 1.3)
+    config.save_pretrained(model_dir)
+    assert AutoConfig.from_pretrained(model_dir).text_config.rope_parameters["attention_factor"] == 1.3
+    _check_reindexed_keys(model_dir, "llava-llama")
+
+
+def _check_reindexed_keys(model_dir, family):
+    session = session_for(model_dir, "infmllm", cache_budget=40, recent_window=12,
                           eviction_chunk=24)
     text_model = session.model.get_decoder()
     attention = text_model.layers[0].self_attn

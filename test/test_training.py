@@ -46,6 +46,36 @@ def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     assert [row["step"] for row in json.loads((out / "training.json").read_text())["validation"]][-1] == 12
 
 
+def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path):
+    first, warm = tmp_path / "first", tmp_path / "warm"
+    done = train("--out", str(first), "--work-dir", str(tmp_path / "w1"), "--steps", "4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    # one step at learning rate 0: the weights must come out exactly as they went in
+    again = train("--init-from", str(first), "--out", str(warm), "--work-dir", str(tmp_path / "w2"), "--steps", "1",
+                  "--lr", "0", "--attention-factor", "1.3")
+    assert again.returncode == 0, again.stderr[-2000:]
+    import torch
+    from transformers import LlavaForConditionalGeneration
+    a, b = (LlavaForConditionalGeneration.from_pretrained(d) for d in (first, warm))
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert b.config.text_config.rope_parameters["attention_factor"] == 1.3
+    assert json.loads((warm / "training.json").read_text())["init_from"] == str(first)
+    # RoPE frequencies unchanged, cos/sin scaled: every attention logit is 1.3^2 times the plain one
+    x = torch.zeros(1, 5, a.config.text_config.hidden_size)
+    positions = torch.arange(5)[None]
+    cos_a, sin_a = a.model.language_model.rotary_emb(x, positions)
+    cos_b, sin_b = b.model.language_model.rotary_emb(x, positions)
+    assert torch.allclose(cos_b, 1.3 * cos_a) and torch.allclose(sin_b, 1.3 * sin_a)
+    assert torch.equal(a.model.language_model.rotary_emb.inv_freq, b.model.language_model.rotary_emb.inv_freq)
+
+
+def test_init_from_and_a_different_vision_from_refused(tmp_path):
+    done = train("--init-from", str(tmp_path / "a"), "--vision-from", str(tmp_path / "b"), "--steps", "1",
+                 "--out", str(tmp_path / "m"), timeout=60)
+    assert done.returncode != 0 and "--init-from" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_sigterm_saves_a_checkpoint_and_leaves_the_old_model(tmp_path):
     out, work = tmp_path / "model", tmp_path / "work"
     out.mkdir()

@@ -66,6 +66,20 @@ def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
     return LlavaForConditionalGeneration(config)
 
 
+def set_attention_factor(text_config, factor: float) -> None:
+    """Scale attention logits by factor^2 through the standard YaRN rope type at frequency factor 1:
+    RoPE frequencies stay as trained, cos and sin are multiplied by `factor`. A 10-minute stream
+    spreads softmax mass over ~12,500 keys where training windows held ~1,500; a sharper softmax
+    keeps the few evidence keys in reach (README, "The embedded model"). 1.0 = plain RoPE."""
+    theta = text_config.rope_parameters["rope_theta"]
+    if factor == 1.0:
+        text_config.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+    else:
+        text_config.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": 1.0,
+                                       "attention_factor": factor,
+                                       "original_max_position_embeddings": text_config.max_position_embeddings}
+
+
 def save_model_dir(model, processor, directory: Path, training_record: dict) -> None:
     """Write a complete, self-describing model directory."""
     directory.mkdir(parents=True, exist_ok=True)

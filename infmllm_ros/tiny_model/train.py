@@ -37,7 +37,7 @@ from transformers import LlavaForConditionalGeneration
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.synthetic import FAMILIES, corpus_text
 
-from .architecture import build_model, build_processor, save_model_dir, train_tokenizer
+from .architecture import build_model, build_processor, save_model_dir, set_attention_factor, train_tokenizer
 from .curve import plot_training_curve
 from .data import FRAME_TOKENS, IGNORE, Window, build_sequence, sample_window
 from .frame_targets import FIRST_TARGET_TOKEN, TARGETS_PER_FRAME
@@ -87,6 +87,12 @@ def parse_args(argv):
                         help="side questions per training window (data.py), besides the stream's own; 0 = none")
     parser.add_argument("--vision-from", type=Path, default=None,
                         help="take the stage-0 vision tower from this model directory instead of training it")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="warm start: every weight (tower, projector, language model) from this model "
+                             "directory of the same shape; implies --vision-from it (no stage 0)")
+    parser.add_argument("--attention-factor", type=float, default=1.0,
+                        help="scale written into the saved model's RoPE (YaRN attention_factor at factor 1: "
+                             "logits x factor^2) for streams longer than the training windows; training runs at 1")
     parser.add_argument("--vision-episodes", type=int, default=3600,
                         help="short episodes for the vision stage, 8 frames each")
     parser.add_argument("--vision-steps", type=int, default=6000, help="stage 0: direct vision pretraining steps")
@@ -116,7 +122,14 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads for training")
     parser.add_argument("--render-workers", type=int, default=2, help="processes rendering episodes")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.init_from is not None:
+        if args.vision_from is not None and args.vision_from.resolve() != args.init_from.resolve():
+            parser.error("--init-from takes the tower from the same directory: leave --vision-from out")
+        args.vision_from = args.init_from
+    if args.attention_factor <= 0:
+        parser.error("--attention-factor must be positive")
+    return args
 
 
 def check_writable(directory: Path) -> None:
@@ -234,6 +247,15 @@ def _vision_snapshots(args, tokenizer, work_dir: Path) -> list[RenderedStream]:
     return [snapshot for snapshot in snapshots if snapshot.seed in set(wanted)]
 
 
+def _warm_start(model, directory: Path) -> None:
+    """Every weight from a trained model directory of the same shape (same tokenizer, same sizes)."""
+    try:
+        source = LlavaForConditionalGeneration.from_pretrained(directory)
+        model.load_state_dict(source.state_dict())
+    except (OSError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"infmllm-train-tiny: cannot start from {directory}: {str(error).splitlines()[0]}")
+
+
 def _tower_from(directory: Path, tower) -> dict:
     """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
     try:
@@ -345,6 +367,8 @@ def main(argv=None) -> int:
         print("infmllm-train-tiny: interrupted before the language-model stage; rendered streams and the "
               "vision stage are redone on the next run", file=sys.stderr)
         return 130
+    if args.init_from is not None and not (args.resume and checkpoint_path.exists()):
+        _warm_start(model, args.init_from)
     windows = validation_windows(streams)
     model.model.vision_tower.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -414,10 +438,13 @@ def main(argv=None) -> int:
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
               "frame_target_weight": args.frame_target_weight, "side_questions": args.side_questions,
               "language_layers": args.language_layers,
+              "init_from": str(args.init_from) if args.init_from else None,
+              "attention_factor": args.attention_factor,
               "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
               "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
               "command": command, "commands": state["commands"]}
+    set_attention_factor(model.config.text_config, args.attention_factor)
     try:
         write_model_atomically(model.eval(), build_processor(tokenizer), args.out, record)
     except OSError as error:
