@@ -126,6 +126,36 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
         question = next(pending, None)
 
 
+#: frames kept on each side of a cut stream's evidence span
+CUT_PAD_FRAMES = 3
+
+
+def evaluate_cut_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
+                         tail_frames: int, spacing_s: float = DEFAULT_SPACING_S) -> None:
+    """Distant questions only, each asked of a fresh cache fed just its evidence frames (+/- a few)
+    and the last `tail_frames` frames before it, in time order (positions compact).
+
+    A diagnostic of the model, not of a policy: set beside the whole stream it says whether a
+    wrong distant answer comes from reading the evidence or from the minutes streamed between.
+    """
+    episode = generate_episode(seed, duration_s)
+    times = frame_times(duration_s)
+    rendered: dict[float, object] = {}
+    for question in sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t):
+        if question.family != "distant":
+            continue
+        t_enter, t_exit = question.evidence
+        pad = CUT_PAD_FRAMES / FEED_RATE_HZ
+        shown = [t for t in times if t < question.t and (t_enter - pad <= t <= t_exit + pad
+                                                         or t >= question.t - tail_frames / FEED_RATE_HZ)]
+        session.reset()
+        for t in shown:
+            if t not in rendered:
+                rendered[t] = episode.render(t)
+            session.add_frame(rendered[t], stamp=t)
+        ask(session, question, seed, result)
+
+
 def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None = None) -> None:
     if session.frames_seen == 0:
         return
@@ -155,6 +185,9 @@ def main(argv=None) -> int:
     parser.add_argument("--duration", type=float, default=64.0, help="seconds of camera time per episode")
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--spacing", type=float, default=DEFAULT_SPACING_S, help="seconds between questions")
+    parser.add_argument("--cut-to-evidence", type=int, default=None, metavar="TAIL",
+                        help="diagnostic: distant questions only, each asked of a stream cut to its evidence "
+                             "frames and the last TAIL frames")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     if args.first_seed + args.episodes > 90_000:
@@ -170,11 +203,14 @@ def main(argv=None) -> int:
     result = EvalResult()
     for seed in tqdm(range(args.first_seed, args.first_seed + args.episodes), desc="episodes",
                      unit="episode", disable=args.json):
-        evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
+        if args.cut_to_evidence is not None:
+            evaluate_cut_episode(session, seed, args.duration, result, args.cut_to_evidence, args.spacing)
+        else:
+            evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
     accuracy = result.accuracy()
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes,
-                   "duration_s": args.duration, "accuracy": accuracy, "correct": result.correct,
+                   "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy, "correct": result.correct,
                    "total": result.total, "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0

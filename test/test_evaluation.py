@@ -47,3 +47,42 @@ def test_wilson_interval_contains_the_rate_and_narrows_with_more_questions():
     assert low < 0.30 < high
     assert wilson_interval(300, 1000)[1] - wilson_interval(300, 1000)[0] < high - low
     assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == pytest.approx(1.0)
+
+
+def test_cut_streams_feed_only_the_evidence_and_the_tail():
+    """--cut-to-evidence: each distant question gets a fresh cache holding its evidence frames
+    (+/- CUT_PAD_FRAMES) and the last TAIL frames before it, and nothing from between."""
+    from infmllm_ros.engine.session import SessionConfig, StreamingSession
+    from infmllm_ros.evaluation import CUT_PAD_FRAMES, EvalResult, evaluate_cut_episode
+    from infmllm_ros.synthetic import generate_episode, generate_questions
+
+    class Recording(StreamingSession):   # the real session, with what it was fed written down
+        def reset(self):
+            super().reset()
+            self.fed = []
+
+        def add_frame(self, image, stamp=None):
+            self.fed.append(stamp)
+            return super().add_frame(image, stamp=stamp)
+
+        def ask(self, question, *args, **kwargs):
+            asked.append((question, list(self.fed), self.frames_seen))
+            return super().ask(question, *args, **kwargs)
+
+    asked = []
+    seed, duration, tail = 2001, 140.0, 8   # three distant questions
+    session = Recording(SessionConfig(cache_policy="full"))
+    result = EvalResult()
+    evaluate_cut_episode(session, seed, duration, result, tail_frames=tail)
+    distant = sorted((q for q in generate_questions(generate_episode(seed, duration), seed) if q.family == "distant"),
+                     key=lambda q: q.t)
+    assert len(asked) == len(distant) == result.total["distant"] > 0
+    assert sum(result.total.values()) == result.total["distant"]
+    for question, (text, fed, frames_seen) in zip(distant, asked):
+        assert text == question.text and frames_seen == len(fed)
+        t_enter, t_exit = question.evidence
+        tail_frames = [t for t in fed if t >= question.t - tail]
+        evidence = [t for t in fed if t_enter - CUT_PAD_FRAMES <= t <= t_exit + CUT_PAD_FRAMES]
+        assert len(tail_frames) == tail and all(t < question.t for t in fed)
+        assert sorted(set(tail_frames + evidence)) == fed, "a frame from the minutes between was fed"
+        assert any(t_enter <= t < t_exit for t in fed), "the evidence itself must be shown"
