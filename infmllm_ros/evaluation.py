@@ -141,11 +141,11 @@ def evaluate_cut_episode(session: StreamingSession, seed: int, duration_s: float
     episode = generate_episode(seed, duration_s)
     times = frame_times(duration_s)
     rendered: dict[float, object] = {}
+    pad = CUT_PAD_FRAMES / FEED_RATE_HZ
     for question in sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t):
         if question.family != "distant":
             continue
         t_enter, t_exit = question.evidence
-        pad = CUT_PAD_FRAMES / FEED_RATE_HZ
         shown = [t for t in times if t < question.t and (t_enter - pad <= t <= t_exit + pad
                                                          or t >= question.t - tail_frames / FEED_RATE_HZ)]
         session.reset()
@@ -210,8 +210,8 @@ def main(argv=None) -> int:
     accuracy = result.accuracy()
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes,
-                   "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy, "correct": result.correct,
-                   "total": result.total, "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
+                   "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy,
+                   "correct": result.correct, "total": result.total, "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s\n")

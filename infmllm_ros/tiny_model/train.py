@@ -247,23 +247,22 @@ def _vision_snapshots(args, tokenizer, work_dir: Path) -> list[RenderedStream]:
     return [snapshot for snapshot in snapshots if snapshot.seed in set(wanted)]
 
 
+def _load_weights(directory: Path, target, part, what: str) -> None:
+    """`part` of the trained model in `directory` into `target` (a module of the same shape), or one line."""
+    try:
+        target.load_state_dict(part(LlavaForConditionalGeneration.from_pretrained(directory)).state_dict())
+    except (OSError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"infmllm-train-tiny: cannot take {what} from {directory}: {str(error).splitlines()[0]}")
+
+
 def _warm_start(model, directory: Path) -> None:
     """Every weight from a trained model directory of the same shape (same tokenizer, same sizes)."""
-    try:
-        source = LlavaForConditionalGeneration.from_pretrained(directory)
-        model.load_state_dict(source.state_dict())
-    except (OSError, ValueError, RuntimeError) as error:
-        raise SystemExit(f"infmllm-train-tiny: cannot start from {directory}: {str(error).splitlines()[0]}")
+    _load_weights(directory, model, lambda source: source, "every weight")
 
 
 def _tower_from(directory: Path, tower) -> dict:
     """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
-    try:
-        source = LlavaForConditionalGeneration.from_pretrained(directory).model.vision_tower
-        tower.load_state_dict(source.state_dict())
-    except (OSError, ValueError, RuntimeError) as error:
-        raise SystemExit(f"infmllm-train-tiny: cannot take the vision tower from {directory}: "
-                         f"{str(error).splitlines()[0]}")
+    _load_weights(directory, tower, lambda source: source.model.vision_tower, "the vision tower")
     record = json.loads((directory / "training.json").read_text()) if (directory / "training.json").exists() else {}
     earlier = record.get("vision_pretraining", {})
     return {**{k: v for k, v in earlier.items() if k != "history"}, "from": str(directory),
