@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -53,3 +54,17 @@ def test_impossible_modes_fail_clearly(monkeypatch):
                         lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a))
     with pytest.raises(ModelLoadError, match="needs bitsandbytes"):
         load_model_and_processor(None, quantization="nf4")
+
+
+def test_unsupported_architecture_fails_in_one_line_naming_the_supported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "paligemma",
+                                                     "architectures": ["PaliGemmaForConditionalGeneration"]}))
+    with pytest.raises(ModelLoadError) as error:
+        load_model_and_processor(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "'paligemma'" in message and "PaliGemmaForConditionalGeneration" in message
+    for family in ("idefics3", "llava", "qwen2_vl", "qwen2_5_vl"):
+        assert family in message
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="cannot read"):
+        load_model_and_processor(tmp_path)

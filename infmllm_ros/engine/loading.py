@@ -7,6 +7,7 @@ on a video processor that needs torchvision) are replaced by image-only subclass
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from transformers.utils import logging as hf_logging
 
 from infmllm_ros.models import embedded_model_path
 
+from .adapters import POSITIONS
 from .quantization import (QuantizationError, apply_dynamic_int8, bitsandbytes_config, language_linear_weights,
                            resolve_mode)
 
@@ -64,6 +66,20 @@ def resolve_model_path(model_path: str | Path | None) -> Path:
     return path
 
 
+def check_supported(path: Path) -> None:
+    """One line naming the supported families when config.json names another, read before
+    transformers loads gigabytes the engine could not position (or fails on an unknown type)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot read {str(path / 'config.json')!r}: {error}") from error
+    family = config.get("model_type") if isinstance(config, dict) else None
+    if family not in POSITIONS:
+        architectures = ", ".join(config.get("architectures") or []) if isinstance(config, dict) else ""
+        raise ModelLoadError(f"model {str(path)!r} is {family!r}{f' ({architectures})' if architectures else ''}; "
+                             f"the engine supports {', '.join(sorted(POSITIONS))}")
+
+
 def load_model_and_processor(model_path: str | Path | None, device: str = "cpu", dtype: str = "float32",
                              attn_implementation: str = "sdpa", quantization: str = "none"):
     """Model in eval mode on `device`, with `attn_implementation` in the language model only.
@@ -71,10 +87,11 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
     `quantization` is one of quantization.MODES or "auto" (see quantization.default_mode).
     """
     path = resolve_model_path(model_path)
+    check_supported(path)
     try:
         weights = language_linear_weights(AutoConfig.from_pretrained(path, local_files_only=True))
     except (OSError, ValueError, KeyError, AttributeError) as error:
-        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: {error}") from error
+        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: {str(error).splitlines()[0]}") from error
     try:
         mode = resolve_mode(quantization, device, weights)
     except QuantizationError as error:
