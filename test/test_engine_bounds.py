@@ -70,3 +70,34 @@ def test_score_tokens_matches_token_by_token_decoding(tiny_model_dirs):
     assert rows.shape == (ids.numel(), stepwise.model.config.get_text_config().vocab_size)
     for k, token in enumerate(ids.tolist()):
         torch.testing.assert_close(rows[k], stepwise.feed_token(token), rtol=1e-4, atol=1e-4)
+
+
+def test_keys_and_values_are_written_in_place_not_copied_per_token(tiny_model_dirs):
+    """A bounded cache reserves budget + chunk once: frames, evictions and decoded tokens all write
+    into the same storage (no per-token copy of the whole cache, as torch.cat would make)."""
+    session = session_for(tiny_model_dirs["llava-llama"], "infmllm", cache_budget=48, recent_window=16,
+                          eviction_chunk=16)
+    pool = frames(4, seed=3)
+    session.add_frame(pool[0])
+    layer = session.cache.layers[0]
+    storage = (layer.key_store.store.data_ptr(), layer.value_store.store.data_ptr())
+    assert layer.key_store.store.shape[2] == session.policy.max_length
+    for index in range(1, 30):
+        session.add_frame(pool[index % len(pool)])
+    session.ask("what is in view ?")
+    assert session.cache.evictions > 3
+    assert (layer.key_store.store.data_ptr(), layer.value_store.store.data_ptr()) == storage
+    assert layer.keys.data_ptr() == storage[0] and layer.keys.shape[2] == session.cache_tokens
+
+
+def test_full_cache_storage_grows_by_doubling(tiny_model_dirs):
+    session = session_for(tiny_model_dirs["llava-llama"], "full")
+    reallocations, last = 0, None
+    for image in frames(40):
+        session.add_frame(image)
+        pointer = session.cache.layers[0].key_store.store.data_ptr()
+        reallocations += pointer != last
+        last = pointer
+    tokens = session.cache_tokens
+    assert session.cache.layers[0].key_store.store.shape[2] < 2 * tokens + 64
+    assert reallocations <= 2 + tokens.bit_length()   # amortised: O(log tokens) copies, not one per frame

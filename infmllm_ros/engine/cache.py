@@ -4,6 +4,12 @@ Each layer owns its keys, values and, per KV head, what the policies and the re-
 the accumulated attention mass of every key, its current (3-axis) position and the segment it
 moves with. The model only sees the standard Cache interface; eviction runs between forwards
 (never inside `update()`), driven by the session.
+
+Keys and values live in storage reserved ahead (a bounded policy's whole budget + chunk at the
+first token), so a decoding step writes its one token in place. transformers' DynamicLayer
+concatenates instead, copying every cached key and value on every token: on SmolVLM-256M's shape
+at 2 k tokens that copy was about a tenth of a decoding step (profiled, `infmllm-bench --suite
+realsize`), traffic the memory-bandwidth floor does not allow for.
 """
 
 from __future__ import annotations
@@ -28,11 +34,50 @@ class ChunkLayout:
     token_index: torch.Tensor | None = None
 
 
+class ReservedTokens:
+    """A (1, heads, tokens, dim) tensor with room reserved ahead along the token axis: appending
+    writes in place; `capacity` (a bounded policy's budget + chunk) is reserved at once, and without
+    one the room doubles, so appends stay amortised O(new tokens). Writes run in inference mode
+    (the cache serves inference only): the storage is made inside a forward and evictions write to
+    it between forwards."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity = capacity
+        self.store: torch.Tensor | None = None
+        self.length = 0
+
+    @torch.inference_mode()
+    def append(self, new: torch.Tensor) -> torch.Tensor:
+        needed = self.length + new.shape[2]
+        if self.store is None or needed > self.store.shape[2]:
+            room = max(needed, self.capacity or 2 * needed)
+            grown = new.new_empty(new.shape[0], new.shape[1], room, new.shape[3])
+            if self.length:
+                grown[:, :, :self.length] = self.view()
+            self.store = grown
+        self.store[:, :, self.length:needed] = new
+        self.length = needed
+        return self.view()
+
+    @torch.inference_mode()
+    def replace(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Hold exactly `tensor` (after an eviction or a re-rotation), in the same storage."""
+        self.length = 0
+        return self.append(tensor)
+
+    def view(self) -> torch.Tensor:
+        return self.store[:, :, :self.length]
+
+    def nbytes(self) -> int:
+        return 0 if self.store is None else self.store.numel() * self.store.element_size()
+
+
 class BoundedLayer(DynamicLayer):
     """One layer's KV tensors (batch 1) plus per-key bookkeeping, all evicted together."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
+        self.key_store, self.value_store = ReservedTokens(capacity), ReservedTokens(capacity)
         self.attention_mass: torch.Tensor | None = None   # (kv_heads, L) float32
         self.positions: torch.Tensor | None = None        # (kv_heads, L, 3) long
         self.segments: torch.Tensor | None = None         # (kv_heads, L) long
@@ -58,7 +103,10 @@ class BoundedLayer(DynamicLayer):
             self.segments = torch.cat([self.segments, new_segments], dim=1)
             self.attention_mass = torch.cat([self.attention_mass, new_mass], dim=1)
             self.token_index = torch.cat([self.token_index, new_index], dim=1)
-        return super().update(key_states, value_states, *args, **kwargs)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.key_store.append(key_states), self.value_store.append(value_states)
+        return self.keys, self.values
 
     @property
     def length(self) -> int:
@@ -68,8 +116,9 @@ class BoundedLayer(DynamicLayer):
         """Keep the slots `indices` (kv_heads, n), per head, in order."""
         indices = indices.to(self.keys.device)
         gather4 = indices[None, :, :, None].expand(1, -1, -1, self.keys.shape[-1])
-        self.keys = self.keys.gather(2, gather4)
-        self.values = self.values.gather(2, indices[None, :, :, None].expand(1, -1, -1, self.values.shape[-1]))
+        self.keys = self.key_store.replace(self.keys.gather(2, gather4))
+        self.values = self.value_store.replace(
+            self.values.gather(2, indices[None, :, :, None].expand(1, -1, -1, self.values.shape[-1])))
         self.attention_mass = self.attention_mass.gather(1, indices)
         self.segments = self.segments.gather(1, indices)
         self.token_index = self.token_index.gather(1, indices)
@@ -78,12 +127,14 @@ class BoundedLayer(DynamicLayer):
     def move_to(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
         """Give the cached tokens new positions, re-rotating their keys exactly."""
         shift = (positions[..., 0] - self.positions[..., 0])[None]
-        self.keys = shift_rotated_keys(self.keys, shift, inv_freq)
+        self.keys = self.key_store.replace(shift_rotated_keys(self.keys, shift, inv_freq))
         self.positions = positions
 
     def nbytes(self) -> int:
-        tensors = (self.keys, self.values, self.attention_mass, self.positions, self.segments, self.token_index)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        """Bytes held, reserved room included."""
+        tensors = (self.attention_mass, self.positions, self.segments, self.token_index)
+        return self.key_store.nbytes() + self.value_store.nbytes() + sum(
+            t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 class BoundedCache(Cache):
@@ -94,7 +145,8 @@ class BoundedCache(Cache):
     """
 
     def __init__(self, num_layers: int, policy: CachePolicy, inv_freq: torch.Tensor) -> None:
-        super().__init__(layers=[BoundedLayer() for _ in range(num_layers)])
+        capacity = policy.max_length if policy.max_length != float("inf") else None
+        super().__init__(layers=[BoundedLayer(capacity) for _ in range(num_layers)])
         self.policy = policy
         self.inv_freq = inv_freq
         self.next_position = 0
