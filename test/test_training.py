@@ -28,11 +28,13 @@ def train(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
 
 def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     out, work = tmp_path / "model", tmp_path / "work"
-    done = train("--out", str(out), "--work-dir", str(work), "--steps", "8")
+    done = train("--out", str(out), "--work-dir", str(work), "--steps", "8", "--retrieval-weight", "0.5")
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((out / "training.json").read_text())
     assert [row["step"] for row in record["validation"]] == [4, 8]
     assert {"current", "recent", "long", "distant", "loss"} <= set(record["validation"][-1])
+    assert record["retrieval_weight"] == 0.5 and "recent_mass" in record["validation"][-1]
+    assert '"_attn_implementation"' not in (out / "config.json").read_text()   # the training probe stays in training
     assert (out / "training.png").stat().st_size > 1000
     assert (work / "checkpoint.pt").is_file() and (work / "streams.pt").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model")], "staging directory left behind"

@@ -60,6 +60,13 @@ class SequenceWriter:
         self.branches: list[int] = []
         self.next_position = start_position
         self._prompts: dict[str, list[int]] = {}
+        #: (time, index of its first image token) of every frame written, for evidence lookups
+        self.frame_slots: list[tuple[float, int]] = []
+        #: per memory question: the token whose output is its answer's first token, and the image
+        #: tokens of the frames that show what it asks about (retrieval.py supervises that attention)
+        self.retrieval_rows: list[int] = []
+        self.retrieval_evidence: list[list[int]] = []
+        self.retrieval_families: list[str] = []
 
     def _append(self, ids: list[int], labels: list[int], targets: list[int] | None = None,
                 branch: int = -1) -> None:
@@ -71,7 +78,9 @@ class SequenceWriter:
         if branch < 0:   # a side question takes no positions from the stream
             self.next_position += len(ids)
 
-    def frame(self, words: list[str | None] | None = None) -> None:
+    def frame(self, words: list[str | None] | None = None, t: float | None = None) -> None:
+        if t is not None:
+            self.frame_slots.append((t, len(self.ids) + 1))
         targets = [IGNORE] * len(self.frame_ids)
         for offset, word in enumerate(words or []):
             if word is not None:
@@ -82,15 +91,24 @@ class SequenceWriter:
         """Advance positions as if `positions` tokens had been streamed here."""
         self.next_position += positions
 
-    def question(self, text: str, answer: str, family: str, side: bool = False) -> None:
+    def question(self, text: str, answer: str, family: str, side: bool = False,
+                 evidence: tuple[float, float] | None = None) -> None:
         """The question carries no loss; its answer and the closing "</s>" do. A side question
-        is a branch of its own (see batch())."""
+        is a branch of its own (see batch()). `evidence` (t_enter, t_exit) of a memory question
+        marks the frames written in that span as where its answer lies."""
         if text not in self._prompts:
             self._prompts[text] = self.tokenizer(PROMPT["question"].format(question=text),
                                                  add_special_tokens=False)["input_ids"]
         prompt = self._prompts[text]
         target = self.tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
         branch = len(self.side_families) if side else -1
+        if evidence is not None:
+            tokens = [first + offset for t, first in self.frame_slots if evidence[0] <= t < evidence[1]
+                      for offset in range(IMAGE_TOKENS)]
+            if tokens:
+                self.retrieval_rows.append(len(self.ids) + len(prompt) - 1)
+                self.retrieval_evidence.append(tokens)
+                self.retrieval_families.append(family)
         self._append(prompt + target, [IGNORE] * len(prompt) + target, branch=branch)
         (self.side_families if side else self.families).append(family)
 
@@ -98,7 +116,9 @@ class SequenceWriter:
         batch = {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
                  "position_ids": torch.tensor([self.positions]), "features": features,
                  "frame_targets": torch.tensor([self.targets]), "families": self.families,
-                 "side_families": self.side_families, "branches": torch.tensor([self.branches])}
+                 "side_families": self.side_families, "branches": torch.tensor([self.branches]),
+                 "retrieval_rows": self.retrieval_rows, "retrieval_evidence": self.retrieval_evidence,
+                 "retrieval_families": self.retrieval_families}
         if self.side_families:
             batch["attention_mask"] = branch_mask(torch.tensor(self.branches))
         return batch
@@ -145,14 +165,14 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
             writer.skip(int(skipped_s * TOKENS_PER_SECOND * window.gap_scale[number - 1]))
         segment_end = times[end - 1] + 1.0 / FEED_RATE_HZ
         for index in range(start, end):
-            writer.frame(frame_words(stream, index, shown[:written]) if frame_targets else None)
+            writer.frame(frame_words(stream, index, shown[:written]) if frame_targets else None, t=float(times[index]))
             written += 1
             for extra in side.get(index, []):
-                writer.question(extra.text, extra.answer, extra.family, side=True)
+                writer.question(extra.text, extra.answer, extra.family, side=True, evidence=extra.evidence)
             until = times[index + 1] if index + 1 < end else segment_end
             while question is not None and question.t < until:
                 if question.t > times[index] and _answerable(question, shown, asked, last_current):
-                    writer.question(question.text, question.answer, question.family)
+                    writer.question(question.text, question.answer, question.family, evidence=question.evidence)
                 question = next(pending, None)
         while question is not None and question.t < segment_end:   # questions of the skipped time
             question = next(pending, None)

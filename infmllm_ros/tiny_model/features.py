@@ -10,10 +10,13 @@ projector keeps training; the saved model is the same standard LLaVA.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
 from .data import IGNORE
+from .retrieval import probing, retrieval_layers, retrieval_loss
 from .streams import RenderedStream
 
 
@@ -39,11 +42,15 @@ def input_embeddings(model, input_ids: torch.Tensor, features: torch.Tensor) -> 
     return embeds.masked_scatter(slots, image.to(embeds.dtype))
 
 
-def language_model_loss(model, batch: dict, logits: bool = False, frame_target_weight: float = 0.0):
+def language_model_loss(model, batch: dict, logits: bool = False, frame_target_weight: float = 0.0,
+                        retrieval_weight: float = 0.0):
     """The loss over answer tokens of one sequence, plus frame_target_weight times the loss over
-    its dense per-frame targets (frame_targets.py), or its logits, for validation."""
-    output = model(inputs_embeds=input_embeddings(model, batch["input_ids"], batch["features"]),
-                   position_ids=batch["position_ids"], attention_mask=batch.get("attention_mask"))
+    its dense per-frame targets (frame_targets.py) and retrieval_weight times the retrieval loss
+    (retrieval.py; the model must use its attention), or its logits, for validation."""
+    rows = batch.get("retrieval_rows") if retrieval_weight and not logits else None
+    with probing(rows, retrieval_layers(model)) if rows else nullcontext() as probe:
+        output = model(inputs_embeds=input_embeddings(model, batch["input_ids"], batch["features"]),
+                       position_ids=batch["position_ids"], attention_mask=batch.get("attention_mask"))
     if logits:
         return output.logits
     scores = output.logits[0].float()
@@ -51,4 +58,6 @@ def language_model_loss(model, batch: dict, logits: bool = False, frame_target_w
     targets = batch.get("frame_targets")
     if frame_target_weight and targets is not None and (targets != IGNORE).any():
         loss = loss + frame_target_weight * F.cross_entropy(scores, targets[0], ignore_index=IGNORE)
+    if rows:
+        loss = loss + retrieval_weight * retrieval_loss(probe, batch["retrieval_evidence"])
     return loss

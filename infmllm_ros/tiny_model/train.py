@@ -42,6 +42,7 @@ from .curve import plot_training_curve
 from .data import FRAME_TOKENS, IGNORE, Window, build_sequence, sample_window
 from .frame_targets import FIRST_TARGET_TOKEN, TARGETS_PER_FRAME
 from .features import compute_features, language_model_loss
+from .retrieval import best_head_mass, probing, retrieval_layers, use_probe_attention
 from .streams import RenderedStream, render_many_snapshots, render_streams
 from .vision_pretraining import pretrain_vision_tower
 
@@ -117,6 +118,9 @@ def parse_args(argv):
                         help="after the short windows, share of scattered windows: runs around every seen-once "
                              "object askable at one time, among runs of the minutes between (data.py)")
     parser.add_argument("--scattered-frames", type=int, default=128, help="longest scattered window")
+    parser.add_argument("--retrieval-weight", type=float, default=0.0,
+                        help="weight of the retrieval loss (retrieval.py): attention at a memory answer on the "
+                             "frames that show its object; 0 = answers only")
     parser.add_argument("--validate-every", type=int, default=1000)
     parser.add_argument("--checkpoint-minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -285,9 +289,11 @@ def validation_windows(streams: Streams) -> list[tuple[RenderedStream, Window]]:
 
 
 def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
-    """Share of answers whose every token is the argmax, per question family; and of the dense
-    frame targets (frame_targets.py) that the argmax hits, scene lookups and what-left apart."""
+    """Share of answers whose every token is the argmax, per question family; of the dense
+    frame targets (frame_targets.py) that the argmax hits, scene lookups and what-left apart; and,
+    per memory family, the attention mass on the evidence (retrieval.best_head_mass)."""
     right = {family: 0 for family in FAMILIES}
+    masses: dict[str, list[float]] = {family: [] for family in FAMILIES}
     total = {family: 0 for family in FAMILIES}
     frame_right, frame_total = torch.zeros(TARGETS_PER_FRAME), torch.zeros(TARGETS_PER_FRAME)
     frame_id = tokenizer.convert_tokens_to_ids("<frame>")
@@ -295,7 +301,11 @@ def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
     with torch.inference_mode():
         for stream, window in windows:
             batch = build_sequence(stream, window, tokenizer, frame_targets=True)
-            all_logits = language_model_loss(model, batch, logits=True)[0]
+            with probing(batch["retrieval_rows"], retrieval_layers(model)) as probe:
+                all_logits = language_model_loss(model, batch, logits=True)[0]
+            if batch["retrieval_rows"]:
+                for family, mass in zip(batch["retrieval_families"], best_head_mass(probe, batch["retrieval_evidence"])):
+                    masses[family].append(float(mass))
             targets = batch["frame_targets"][0]
             # each position's offset from its frame's first target token (questions sit between frames)
             positions = torch.arange(len(targets))
@@ -324,7 +334,8 @@ def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
     scene, left = slice(0, TARGETS_PER_FRAME - 2), slice(TARGETS_PER_FRAME - 2, TARGETS_PER_FRAME)
     return {**{family: right[family] / total[family] if total[family] else float("nan") for family in FAMILIES},
             "frame_scene": float(frame_right[scene].sum() / frame_total[scene].sum().clamp(min=1)),
-            "frame_left": float(frame_right[left].sum() / frame_total[left].sum().clamp(min=1))}
+            "frame_left": float(frame_right[left].sum() / frame_total[left].sum().clamp(min=1)),
+            **{f"{family}_mass": sum(values) / len(values) for family, values in masses.items() if values}}
 
 
 def next_window(args, step: int, streams: Streams, rng: random.Random) -> tuple[RenderedStream, Window]:
@@ -369,6 +380,7 @@ def main(argv=None) -> int:
     if args.init_from is not None and not (args.resume and checkpoint_path.exists()):
         _warm_start(model, args.init_from)
     windows = validation_windows(streams)
+    use_probe_attention(model)
     model.model.vision_tower.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -405,7 +417,8 @@ def main(argv=None) -> int:
             batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0,
                                    side_questions=args.side_questions, rng=sampler)
             if batch["families"] or batch["side_families"]:
-                loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight)
+                loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight,
+                                           retrieval_weight=args.retrieval_weight)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
                 optimizer.step()
@@ -435,7 +448,8 @@ def main(argv=None) -> int:
               "language_model_seconds": round(state["seconds"], 1),
               "steps": args.steps, "streams": args.streams, "stream_seconds": args.stream_seconds,
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
-              "frame_target_weight": args.frame_target_weight, "side_questions": args.side_questions,
+              "frame_target_weight": args.frame_target_weight, "retrieval_weight": args.retrieval_weight,
+              "side_questions": args.side_questions,
               "language_layers": args.language_layers,
               "init_from": str(args.init_from) if args.init_from else None,
               "attention_factor": args.attention_factor,
@@ -444,6 +458,7 @@ def main(argv=None) -> int:
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
               "command": command, "commands": state["commands"]}
     set_attention_factor(model.config.text_config, args.attention_factor)
+    model.set_attn_implementation({"text_config": "sdpa", "vision_config": "sdpa"})   # the probe is for training
     try:
         write_model_atomically(model.eval(), build_processor(tokenizer), args.out, record)
     except OSError as error:
