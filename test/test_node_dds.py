@@ -148,6 +148,8 @@ def test_replayed_bag_questions_all_answered(node, listener, demo_bag_job, modul
     accounted = sum(camera[name] for name in ("skipped", "dropped", "bad", "failed", "fed"))
     assert camera["received"] - accounted in (0, 1), f"every frame accounted for (one may be waiting): {camera}"
     assert stats["frames_seen"] >= camera["fed"] and stats["cache_tokens"] > 0 and stats["cache_mb"] > 0
+    # the loaded model's objects were frozen out of garbage collection, and the passes are timed
+    assert stats["gc_pauses"]["frozen_objects"] > 100_000 and stats["gc_pauses"]["gen0"]["count"] > 0
     newest = max(info["stamp"] for info in infos.values() if info["stamp"])
     assert 1.7e9 < newest < 1.8e9, "answer_info carries the bag's header stamps"
 

@@ -34,6 +34,14 @@ def latency_summary(prefix: str, seconds: list[float]) -> dict:
     return {f"{prefix}_p{q}_ms": 1000 * percentile(seconds, q) if seconds else float("nan") for q in (50, 95, 99)}
 
 
+def gc_columns(pauses: dict) -> dict:
+    """The node's garbage-collector passes (gc_pauses.py): full ones and the longest of any kind."""
+    oldest = pauses.get("gen2", {})
+    longest = max((pauses.get(f"gen{g}", {}).get("max_ms") or 0.0 for g in range(3)), default=0.0)
+    return {"gc_full_count": oldest.get("count", 0), "gc_full_max_ms": oldest.get("max_ms") or 0.0,
+            "gc_max_ms": longest, "gc_frozen_objects": pauses.get("frozen_objects", 0)}
+
+
 def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, grace: float = 60.0) -> dict:
     """One row: counters, latencies and the node/engine latency ratio."""
     params = params or default_params_file()
@@ -71,6 +79,7 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
     for name in ("ingest", "image_callback"):
         for key in ("p50_ms", "p99_ms", "max_ms"):
             row[f"{name}_{key}"] = windows.get(name, {}).get(key, float("nan"))
+    row.update(gc_columns((run.last_stats or {}).get("gc_pauses", {})))
     row["node_over_engine_p50"] = row["node_p50_ms"] / row["engine_p50_ms"]
     row["observed_over_engine_p50"] = row["observed_p50_ms"] / row["engine_p50_ms"]
     return row

@@ -54,6 +54,7 @@ from infmllm_ros.engine.session import SessionConfig
 from infmllm_ros.models import embedded_model_path
 
 from .camera_sessions import CameraSessions
+from .gc_pauses import GcPauses, freeze_loaded_heap, unfreeze_heap
 from .image_conversion import ImageConversionError, compressed_to_rgb, image_to_rgb, stamp_seconds
 from .mailbox import FeedGate, Frame, RequestQueue, ResetRequest
 from .parameters import BY_NAME, PARAMETERS, ParameterError, check, check_all, defaults, session_settings
@@ -153,6 +154,8 @@ class InfMLLMNode(LifecycleNode):
             self.last_failure = f"parameters: {error}"
             self.get_logger().error(self.last_failure)
         self.stats = NodeStats()
+        self._gc_pauses = GcPauses()
+        self._gc_pauses.install()
         self._reports = ThrottledReport()
         self._query_ids = QueryIds()
         self._gate = FeedGate(self.settings["frame_rate_hz"])
@@ -182,6 +185,10 @@ class InfMLLMNode(LifecycleNode):
                                               callback_group=self._timer_group)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
+    def destroy_node(self) -> None:
+        self._gc_pauses.remove()
+        super().destroy_node()
+
     @property
     def active(self) -> bool:
         return self._worker is not None
@@ -198,6 +205,7 @@ class InfMLLMNode(LifecycleNode):
         except (ParameterError, ModelLoadError, ValueError, OSError, RuntimeError) as error:
             return self._fail("configure", error)
         self._gate = FeedGate(self.settings["frame_rate_hz"])
+        frozen = freeze_loaded_heap()   # collections then skip the model's objects (gc_pauses.py)
         config, frame_tokens = self._sessions.config, self._sessions.frame_tokens
         self.get_logger().info(
             f"configured: model {self._sessions.family} from {self.settings['model_path'] or 'the embedded model'} "
@@ -206,7 +214,8 @@ class InfMLLMNode(LifecycleNode):
             f"{config.cache_policy}, budget {config.cache_budget} tokens ({config.cache_budget / frame_tokens:.0f} "
             f"frames of {frame_tokens} tokens at 640x480), recent window {config.recent_window}, eviction chunk "
             f"{config.eviction_chunk}; "
-            f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}")
+            f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}; "
+            f"{frozen:,} loaded Python objects exempted from garbage collection")
         self.last_failure = ""
         self.state = "inactive"
         return TransitionCallbackReturn.SUCCESS
@@ -294,6 +303,7 @@ class InfMLLMNode(LifecycleNode):
     def _free_sessions(self) -> None:
         device = self._sessions.config.device if self._sessions is not None else None
         self._sessions = None
+        unfreeze_heap()   # the model's objects were frozen at configure: let the collector free them
         release_memory(device)
         self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
 
@@ -421,7 +431,8 @@ class InfMLLMNode(LifecycleNode):
     def _publish_stats(self) -> None:
         queue = self._queue
         snapshot = self.stats.snapshot(stamp=time.time(), queued_queries=queue.pending_queries if queue else 0,
-                                       state=self.state, last_failure=self.last_failure)
+                                       state=self.state, last_failure=self.last_failure,
+                                       gc_pauses=self._gc_pauses.summary())
         self._publish(self._stats_pub, json.dumps(snapshot))
 
     # ---- replies --------------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""Collector pauses are timed per generation, and freezing the loaded heap takes it out of them."""
+
+from __future__ import annotations
+
+import gc
+
+from infmllm_ros.ros.gc_pauses import GcPauses, freeze_loaded_heap, unfreeze_heap
+
+
+def test_pauses_are_timed_per_generation_and_the_callback_is_removed():
+    pauses = GcPauses()
+    pauses.install()
+    pauses.install()   # idempotent: one callback however often the node configures
+    try:
+        assert gc.callbacks.count(pauses._callback) == 1
+        gc.collect(0)
+        gc.collect(2)
+        summary = pauses.summary()
+    finally:
+        pauses.remove()
+    assert pauses._callback not in gc.callbacks
+    assert summary["gen0"]["count"] >= 1 and summary["gen2"]["count"] >= 1
+    assert summary["gen2"]["max_ms"] is not None and summary["gen2"]["max_ms"] >= 0
+
+
+def test_a_frozen_heap_is_skipped_by_full_collections_and_unfrozen_again():
+    garbage = [[index] for index in range(200_000)]   # a heap worth walking, as a loaded model's is
+    try:
+        frozen = freeze_loaded_heap()
+        assert frozen >= 200_000 and gc.get_freeze_count() == frozen
+        pauses = GcPauses()
+        pauses.install()
+        try:
+            gc.collect(2)
+        finally:
+            pauses.remove()
+        # the oldest generation, which a full collection walks, no longer holds the frozen objects
+        assert not any(obj is garbage for obj in gc.get_objects(generation=2))
+    finally:
+        unfreeze_heap()
+    gc.collect()
+    assert gc.get_freeze_count() == 0
+    assert any(obj is garbage for obj in gc.get_objects(generation=2))   # collectable again
