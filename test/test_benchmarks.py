@@ -14,10 +14,10 @@ import pytest
 BUDGET, CHUNK = 512, 64
 
 
-def run_quick(suite: str, out) -> dict:
+def run_quick(suite: str, out, *extra: str) -> dict:
     """The suite as a user runs it, in a process of its own (no model or torch state left in pytest's)."""
     result = subprocess.run([sys.executable, "-m", "infmllm_ros.benchmarks.cli", "--suite", suite, "--quick",
-                             "--out", str(out)], capture_output=True, text=True, timeout=600)
+                             "--out", str(out), *extra], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     print(result.stdout)
     payload = json.loads((out / f"{suite}_quick.json").read_text())
@@ -115,3 +115,32 @@ def test_quality_scored_in_worker_processes_matches_one_process():
     pooled = run_quality(*arguments, workers=2)
     assert json.dumps(alone, sort_keys=True) == json.dumps(pooled, sort_keys=True)   # NaN cells compare too
     assert alone[0]["n_current"] > 0 and alone[1]["budget"] == int(0.25 * alone[1]["stream_tokens"])
+
+
+def test_realsize_quick_builds_real_shaped_models_and_measures_every_cell(tmp_path):
+    from infmllm_ros.benchmarks.realsize import MODELS, MODES, QUICK_SIZE, RUNNERS
+    payload = run_quick("realsize", tmp_path / "out", "--cache-dir", str(tmp_path / "cache"))
+    for name in MODELS:   # loadable directories, as a user's checkpoint is
+        assert (tmp_path / "cache" / "realsize" / f"{name}-quick" / "config.json").is_file()
+    assert payload["bandwidth"]["read_gbs"] > 0 and payload["bandwidth"]["copy_gbs"] > 0
+    summaries = {(s["model"], s["mode"]): s for s in payload["summaries"]}
+    assert set(summaries) == {(name, mode) for name in MODELS for mode in MODES}
+    for name in MODELS:
+        plain, int8 = summaries[(name, "none")], summaries[(name, "cpu-int8")]
+        assert int8["decode_weights_mb"] < 0.5 * plain["decode_weights_mb"]   # int8 decoder weights
+        for summary in (plain, int8):
+            assert summary["frame_tokens"] > 50 and summary["ingest_ms"] > 0 and summary["ttft_ms"] > 0
+            assert "extrapolated" in summary["hour_kv_full_mb"] and "measured" in summary["hour_kv_infmllm_mb"]
+    cells = payload["cells"]
+    assert len(cells) == len(MODELS) * len(MODES) * len(RUNNERS) * len(QUICK_SIZE.contexts)
+    longest = max(QUICK_SIZE.contexts)
+    for cell in cells:
+        assert cell["floor_ms"] > 0 and math.isfinite(cell["decode_ms"])
+        if cell["runner"] == "infmllm":   # the bounded cache holds at most budget + one chunk of a frame
+            assert cell["cache_tokens"] <= max(cell["context"], QUICK_SIZE.budget + 128)
+        else:
+            assert cell["cache_tokens"] >= cell["context"]
+    for name in MODELS:
+        bounded, full = ([c for c in cells if c["model"] == name and c["runner"] == runner and c["context"] == longest]
+                         for runner in ("infmllm", "full"))
+        assert all(b["kv_mb"] < 0.7 * f["kv_mb"] for b, f in zip(bounded, full))

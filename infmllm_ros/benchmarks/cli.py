@@ -1,9 +1,9 @@
 """`infmllm-bench`: measure every cache policy side by side, in one run on one machine.
 
 Suites (each prints a markdown table and writes bench/results/<suite>[_quick].json and .png):
-scale, quality, overhead, text, node, quant; `all` runs the first five, in that order, with one
-progress bar. `--quick` is the small size CI smoke-tests; without it, `all` takes about 40 min
-on a 2-core CPU.
+scale, quality, overhead, text, node, realsize, quant; `all` runs the first six, in that order,
+with one progress bar. `--quick` is the small size CI smoke-tests; without it, `all` takes about
+an hour and a half on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from .node_e2e import run_node_e2e
 from .overhead import run_overhead
 from .quality import BUDGET_SHARES, run_quality
 from .quant import run_quant
+from .realsize import FULL_SIZE, QUICK_SIZE, realsize_plot, run_realsize
 from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, write_json
 from .scale import METRICS, POLICIES, ratios, run_scale
 from .text_stream import VARIANTS, run_text
 from .two_cameras import JPEG_HZ, RAW_HZ, run_two_cameras
 
-SUITES = ("scale", "quality", "overhead", "text", "node", "quant")
-ALL = ("scale", "quality", "overhead", "text", "node")
+SUITES = ("scale", "quality", "overhead", "text", "node", "realsize", "quant")
+ALL = ("scale", "quality", "overhead", "text", "node", "realsize")
 
 
 def machine() -> dict:
@@ -129,6 +130,23 @@ def node_suite(suite: Suite, model_path: str, args) -> None:
                          logx=False))
 
 
+def realsize_suite(suite: Suite, model_path: str, args) -> None:
+    size = QUICK_SIZE if suite.quick else FULL_SIZE
+    result = run_realsize(Path(args.cache_dir), size)
+    bandwidth = result["bandwidth"]
+    suite.table(f"Real-size models on this machine: weights, ingest of a 640x480 frame, time to first token after "
+                f"{size.frames} frames, KV after an hour at 1 frame/s (memory bandwidth read "
+                f"{bandwidth['read_gbs']:.1f} GB/s, copy {bandwidth['copy_gbs']:.1f} GB/s)", result["summaries"],
+                ["model", "mode", "weights_mb", "decode_weights_mb", "frame_tokens", "ingest_ms", "ttft_ms",
+                 "hour_kv_full_mb", "hour_kv_infmllm_mb", "rss_loaded_mb", "skipped"])
+    suite.table(f"Decode ms/token against the floor (bytes read per token / {bandwidth['read_gbs']:.1f} GB/s); "
+                f"infmllm budget {size.budget:,}", result["cells"],
+                ["model", "mode", "runner", "context", "cache_tokens", "decode_ms", "floor_ms", "of_floor_pct",
+                 "eviction_ms", "kv_mb", "rss_mb"])
+    suite.save({**result, "size": vars(size)})
+    suite.plot(realsize_plot(suite.file, result["cells"], suite.out))
+
+
 def quant_suite(suite: Suite, model_path: str, args) -> None:
     episodes, duration = (2, 32.0) if suite.quick else (10, 64.0)
     rows = run_quant(model_path, episodes, duration)
@@ -140,7 +158,7 @@ def quant_suite(suite: Suite, model_path: str, args) -> None:
 
 
 RUNNERS = {"scale": scale_suite, "quality": quality_suite, "overhead": overhead_suite, "text": text_suite,
-           "node": node_suite, "quant": quant_suite}
+           "node": node_suite, "realsize": realsize_suite, "quant": quant_suite}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -158,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--text-tokens", type=int, default=1_048_576, help="text: tokens streamed")
     p.add_argument("--full-max-tokens", type=int, default=32_768, help="text: stop `full` here")
     p.add_argument("--out", default=str(RESULTS_DIR))
-    p.add_argument("--cache-dir", default="bench/cache", help="generated bags")
+    p.add_argument("--cache-dir", default="bench/cache", help="generated bags and model directories")
     return p
 
 
