@@ -4,16 +4,20 @@ Three processes as on a robot (node, bag player, this observer). Reported: frame
 and skipped (the node feeds `frame_rate_hz` of stamp time and skips the rest, by design), answer
 latency as the observer sees it (query heard on DDS -> answer heard on DDS) and as the node times it (query
 received -> answer published), and the ratio of node latency to engine-only latency: the same
-questions asked of a bare StreamingSession fed the same episode at the same rate, in this process.
+questions asked of a bare StreamingSession fed the same episode at the same rate, in this process,
+with the torch thread count the node runs with (one on 2 cores: the default leaves a core to DDS).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 from infmllm_ros.evaluation import EvalResult, evaluate_episode
 from infmllm_ros.ros.demo import run_node_on_bag
+from infmllm_ros.ros.node import torch_threads
 from infmllm_ros.ros.parameters import defaults, session_settings
 from infmllm_ros.ros.run import default_params_file, node_parameters
 from infmllm_ros.ros.stats import percentile
@@ -23,11 +27,16 @@ BAG_SEED = 11
 BAG_RATE_HZ = 30.0
 
 
-def node_session_config(params: Path) -> SessionConfig:
-    """The SessionConfig the node builds from this params file, for the engine-only run."""
+def node_values(params: Path) -> dict:
+    """The parameter values the node runs with from this params file."""
     values = defaults()
     values.update(node_parameters(params))
-    return SessionConfig(**session_settings(values))
+    return values
+
+
+def node_session_config(params: Path) -> SessionConfig:
+    """The SessionConfig the node builds from this params file, for the engine-only run."""
+    return SessionConfig(**session_settings(node_values(params)))
 
 
 def latency_summary(prefix: str, seconds: list[float]) -> dict:
@@ -56,12 +65,19 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
     observed = [info["heard_at"] - run.query_heard[info["id"]] for info in answered if info["id"] in run.query_heard]
     in_node = [info["latency_ms"] / 1000 for info in answered if info.get("latency_ms") is not None]
 
-    engine = StreamingSession(node_session_config(params))
-    result = EvalResult()
-    evaluate_episode(engine, BAG_SEED, duration_s, result)
+    # the engine alone under the node's own torch thread count, so the ratio is what the node adds
+    threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads(node_values(params)["torch_threads"]))
+    try:
+        engine = StreamingSession(node_session_config(params))
+        result = EvalResult()
+        evaluate_episode(engine, BAG_SEED, duration_s, result)
+    finally:
+        engine_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
     engine_only = [answer["total_s"] for answer in result.answers]
 
-    row = {"bag_s": duration_s, "bag_hz": BAG_RATE_HZ, "frames_in_bag": int(duration_s * BAG_RATE_HZ), **counts,
+    row = {"bag_s": duration_s, "bag_hz": BAG_RATE_HZ, "torch_threads": engine_threads, "frames_in_bag": int(duration_s * BAG_RATE_HZ), **counts,
            "questions": len(run.questions), "answered": len(answered),
            "refused_or_failed": len(run.infos) - len(answered),
            "unanswered": len({q["id"] for q in run.questions} - set(run.infos)),
