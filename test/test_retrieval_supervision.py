@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from infmllm_ros.synthetic import corpus_text, generate_episode, generate_questions
@@ -63,24 +64,27 @@ def test_evidence_is_the_image_tokens_of_the_frames_that_show_the_object():
     assert len(writer.retrieval_rows) == 1
 
 
-def test_the_probe_sees_the_attention_the_model_computes():
+@pytest.mark.parametrize("side_questions", [12, 0])   # a branch mask, and plain causal (no mask given)
+def test_the_probe_sees_the_attention_the_model_computes(side_questions):
     tokenizer, model = _model()
     stream = _stream(duration=30.0)
-    batch = build_sequence(stream, Window([(0, 30)]), tokenizer, side_questions=12, rng=random.Random(2))
+    batch = build_sequence(stream, Window([(0, 30)]), tokenizer, side_questions=side_questions,
+                           rng=random.Random(2))
     rows = batch["retrieval_rows"]
-    assert rows
+    assert rows and ("attention_mask" in batch) == bool(side_questions)
     embeds = input_embeddings(model, batch["input_ids"], batch["features"])
     model.eval().set_attn_implementation({"text_config": "eager", "vision_config": "sdpa"})
     with torch.inference_mode():
         eager = model(inputs_embeds=embeds, position_ids=batch["position_ids"],
-                      attention_mask=batch["attention_mask"], output_attentions=True).attentions
+                      attention_mask=batch.get("attention_mask"), output_attentions=True).attentions
     use_probe_attention(model)
     with torch.inference_mode(), probing(rows, range(3)) as probe:
         probed = model(inputs_embeds=embeds, position_ids=batch["position_ids"],
-                       attention_mask=batch["attention_mask"])
+                       attention_mask=batch.get("attention_mask"))
     for layer in range(3):
         assert torch.allclose(probe.weights[layer], eager[layer][0][:, rows], atol=1e-5)
     assert torch.isfinite(probed.logits).all()
+    assert retrieval_layers(model) == range(1, 2) and retrieval_layers(_model(1)[1]) == range(0, 1)
 
 
 def test_the_retrieval_loss_raises_attention_on_the_evidence():

@@ -18,11 +18,17 @@ MODES = ("none", "cpu-int8", "nf4", "int8")
 
 
 def model_megabytes(model: torch.nn.Module) -> float:
-    """Bytes of every stored tensor (packed int8 and 4-bit weights count at their real size)."""
-    total = 0
+    """Bytes of every stored tensor, each once (a tied output head is the embedding table, listed
+    twice by state_dict); packed int8 and 4-bit weights count at their real size."""
+    total, seen = 0, set()
     for value in model.state_dict().values():
         tensors = value if isinstance(value, (tuple, list)) else (value,)
-        total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+                if key not in seen:
+                    seen.add(key)
+                    total += tensor.numel() * tensor.element_size()
     return total / 2**20
 
 

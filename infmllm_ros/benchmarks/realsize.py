@@ -52,11 +52,12 @@ class Size:
     frames: int            # ingested before the timed question
     contexts: tuple[int, ...]
     budget: int            # infmllm cache budget (tokens per layer)
-    steps: int             # decoding steps timed per cell: one eviction chunk, so the mean carries one eviction
+    steps: int | None      # decoding steps timed per cell; None: one eviction chunk from just after an
+                           # eviction, so infmllm's mean carries exactly one (its amortised cost)
     quick: bool
 
 
-FULL_SIZE = Size(frames=60, contexts=(1024, 8192), budget=2048, steps=64, quick=False)
+FULL_SIZE = Size(frames=60, contexts=(1024, 8192), budget=2048, steps=None, quick=False)
 QUICK_SIZE = Size(frames=3, contexts=(256, 1024), budget=512, steps=4, quick=True)
 
 
@@ -233,7 +234,8 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
     session = StreamingSession(SessionConfig(model_path=directory, quantization=mode, cache_policy="infmllm",
                                              cache_budget=size.budget))
     model, processor = session.model, session.processor
-    summary = {"model": name, "mode": mode, "weights_mb": model_megabytes(model),
+    steps = size.steps or session.policy.chunk
+    summary = {"model": name, "mode": mode, "weights_mb": model_megabytes(model), "decode_steps": steps,
                "decode_weights_mb": decode_weight_bytes(model) / 2**20, "frame_tokens": session.frame_tokens,
                "rss_loaded_mb": rss_mb(), "rss_start_mb": rss_start}
     ingest = [session.add_frame(frame, stamp=float(i)).seconds
@@ -246,7 +248,7 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
         for context in size.contexts:
             cell = {"model": name, "mode": mode, "runner": runner, "context": context}
             if runner == "generate":
-                cell["decode_ms"] = generate_ms_per_token(model, context, size.steps)
+                cell["decode_ms"] = generate_ms_per_token(model, context, steps)
                 cell["cache_tokens"] = context
                 layers, heads, head_dim = kv_shape(model)
                 held = 2 * layers * heads * head_dim * context * next(model.get_decoder().parameters()).element_size()
@@ -256,12 +258,17 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
                                                         cache_budget=size.budget), model=model, processor=processor)
                 fill_session(policy, context, piece=policy.policy.chunk if runner != "full" else 512)
                 decode_timings(policy, WARMUP_STEPS)
+                if size.steps is None and runner != "full" and context > size.budget:
+                    evictions = policy.cache.evictions   # start the timed steps right after an eviction
+                    while policy.cache.evictions == evictions:
+                        decode_timings(policy, 1)
                 evicting = policy.cache.eviction_seconds
-                timings = decode_timings(policy, size.steps)
+                timings = decode_timings(policy, steps)
                 held = kv_bytes(policy)
                 cell.update(decode_ms=1000 * statistics.mean(timings), decode_p50_ms=1000 * statistics.median(timings),
-                            eviction_ms=1000 * (policy.cache.eviction_seconds - evicting) / size.steps,
-                            cache_tokens=policy.cache_tokens, kv_mb=policy.cache_bytes / 2**20)
+                            eviction_ms=1000 * (policy.cache.eviction_seconds - evicting) / steps,
+                            cache_tokens=policy.cache_tokens, kv_mb=held / 2**20,
+                            reserved_mb=policy.cache_bytes / 2**20)
                 del policy
             floor_bytes = decode_weight_bytes(model) + held
             cell["floor_ms"] = 1000 * floor_bytes / (bandwidth_gbs * 1e9)
@@ -273,8 +280,9 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
 
 
 def hour_kv(cells: list[dict], size: Size, frame_tokens: int) -> dict:
-    """KV MB after HOUR_FRAMES frames: `full` grows linearly (extrapolated from its largest measured
-    context: marked), `infmllm` never holds more than its budget plus one chunk (measured)."""
+    """Keys and values (MB) after HOUR_FRAMES frames: `full` grows linearly (extrapolated from its
+    largest measured context: marked), `infmllm` never holds more than its budget plus one chunk
+    (measured; its reserved storage is budget + chunk from the first token)."""
     longest = max(size.contexts)
     full = next(c for c in cells if c["runner"] == "full" and c["context"] == longest)
     bounded = next(c for c in cells if c["runner"] == "infmllm" and c["context"] == longest)

@@ -62,6 +62,8 @@ class ReservedTokens:
     @torch.inference_mode()
     def replace(self, tensor: torch.Tensor) -> torch.Tensor:
         """Hold exactly `tensor` (after an eviction or a re-rotation), in the same storage."""
+        if self.store is not None and tensor.untyped_storage().data_ptr() == self.store.untyped_storage().data_ptr():
+            tensor = tensor.clone()   # a view of this storage would be overwritten while it is copied
         self.length = 0
         return self.append(tensor)
 
@@ -107,6 +109,14 @@ class BoundedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         self.keys, self.values = self.key_store.append(key_states), self.value_store.append(value_states)
         return self.keys, self.values
+
+    def reset(self) -> None:
+        super().reset()
+        self.key_store, self.value_store = (ReservedTokens(self.key_store.capacity),
+                                            ReservedTokens(self.value_store.capacity))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a bounded cache evicts through its policy, not by cropping")
 
     @property
     def length(self) -> int:

@@ -91,7 +91,8 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
     try:
         weights = language_linear_weights(AutoConfig.from_pretrained(path, local_files_only=True))
     except (OSError, ValueError, KeyError, AttributeError) as error:
-        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: {str(error).splitlines()[0]}") from error
+        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: "
+                             f"{(str(error).splitlines() or [repr(error)])[0]}") from error
     try:
         mode = resolve_mode(quantization, device, weights)
     except QuantizationError as error:
@@ -113,7 +114,8 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
         processor = processor_class.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
         # a KeyError's text is only the missing key: name it as such
-        reason = f"a file lacks the field {error}" if isinstance(error, KeyError) else str(error).splitlines()[0]
+        reason = (f"a file lacks the field {error}" if isinstance(error, KeyError)
+                  else (str(error).splitlines() or [repr(error)])[0])
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {reason}") from error
     finally:
         if progress_bar_was_on:

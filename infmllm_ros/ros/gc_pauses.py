@@ -15,7 +15,8 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from .stats import LATENCY_WINDOW, LatencyWindow
 
@@ -46,6 +47,7 @@ class GcPauses:
         self._samples = [deque(maxlen=size) for _ in range(OLDEST + 1)]
         self._counts = [0] * (OLDEST + 1)
         self._started: float | None = None
+        self._deliberate = False
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -55,8 +57,20 @@ class GcPauses:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
+    @contextmanager
+    def deliberate(self) -> Iterator[None]:
+        """Collections the node asks for (freezing at configure, freeing at cleanup) are not the
+        pauses a robot suffers while serving: not recorded."""
+        self._deliberate = True
+        try:
+            yield
+        finally:
+            self._deliberate = False
+
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
+        if self._deliberate:
+            self._started = None
+        elif phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:
             generation = min(int(info.get("generation", OLDEST)), OLDEST)

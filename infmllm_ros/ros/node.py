@@ -205,7 +205,8 @@ class InfMLLMNode(LifecycleNode):
         except (ParameterError, ModelLoadError, ValueError, OSError, RuntimeError) as error:
             return self._fail("configure", error)
         self._gate = FeedGate(self.settings["frame_rate_hz"])
-        frozen = freeze_loaded_heap()   # collections then skip the model's objects (gc_pauses.py)
+        with self._gc_pauses.deliberate():
+            frozen = freeze_loaded_heap()   # collections then skip the model's objects (gc_pauses.py)
         config, frame_tokens = self._sessions.config, self._sessions.frame_tokens
         self.get_logger().info(
             f"configured: model {self._sessions.family} from {self.settings['model_path'] or 'the embedded model'} "
@@ -303,8 +304,9 @@ class InfMLLMNode(LifecycleNode):
     def _free_sessions(self) -> None:
         device = self._sessions.config.device if self._sessions is not None else None
         self._sessions = None
-        unfreeze_heap()   # the model's objects were frozen at configure: let the collector free them
-        release_memory(device)
+        with self._gc_pauses.deliberate():
+            unfreeze_heap()   # the model's objects were frozen at configure: let the collector free them
+            release_memory(device)
         self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
 
     # ---- parameters ----------------------------------------------------------------------------

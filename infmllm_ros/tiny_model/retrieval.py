@@ -46,13 +46,14 @@ def _probed_sdpa(module, query, key, value, attention_mask, **kwargs):
     probe, layer = _active, getattr(module, "layer_idx", None)
     if probe is not None and layer in probe.layers:
         keys = repeat_kv(key, query.shape[1] // key.shape[1])[0]           # (heads, n, d)
-        rows = query[0][:, probe.rows]                                        # (heads, r, d)
+        rows = query[0][:, probe.rows.to(query.device)]                       # (heads, r, d)
         logits = rows @ keys.transpose(-1, -2) * kwargs.get("scaling", module.scaling)
         if attention_mask is not None and attention_mask.dim() == 4:
-            mask = attention_mask[0, :, probe.rows, : keys.shape[1]]
+            mask = attention_mask[0, :, probe.rows.to(attention_mask.device), : keys.shape[1]]
             logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
         else:   # plain causal: a row sees keys up to itself
-            later = torch.arange(keys.shape[1]).unsqueeze(0) > probe.rows.unsqueeze(1)
+            rows_at = probe.rows.to(logits.device)
+            later = torch.arange(keys.shape[1], device=logits.device).unsqueeze(0) > rows_at.unsqueeze(1)
             logits = logits.masked_fill(later, float("-inf"))
         probe.weights[layer] = logits.float().softmax(-1)
     return output
@@ -81,7 +82,8 @@ def retrieval_layers(model) -> range:
     hold most attention on the evidence of the questions it answers well; layer 0 has not read
     the question yet, the top layers do other work)."""
     count = model.config.text_config.num_hidden_layers
-    return range(1, max(2, count * 2 // 3))
+    start = 1 if count > 1 else 0
+    return range(start, max(start + 1, count * 2 // 3))
 
 
 def retrieval_loss(probe: Probe, evidence: list[list[int]]) -> torch.Tensor:
