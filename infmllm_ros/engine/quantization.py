@@ -3,7 +3,8 @@
 - `nf4`: bitsandbytes 4-bit NormalFloat with double quantisation, bf16 compute (the robot GPU mode).
 - `int8`: bitsandbytes LLM.int8().
 - `cpu-int8`: PyTorch's dynamic int8 (`quantize_dynamic`): per-row int8 weights, activations
-  quantised on the fly; the fastest CPU path we measured (14.1 ms/token vs 30.2 fp32 on a 201M Llama).
+  quantised on the fly; the fastest CPU path measured (`infmllm-bench --suite realsize`: 168 vs 444
+  ms/token fp32 on the Qwen2-VL-2B shape at 8 k context, 49 vs 78 on SmolVLM-256M's).
 - `none`: weights as stored, in the session's dtype.
 
 The vision tower, the projector and the output head stay in higher precision unless the user
@@ -24,8 +25,9 @@ class QuantizationError(ValueError):
     """A mode that cannot run here, said before transformers fails somewhere deep."""
 
 
-# Below this many language-model linear weights, dynamic int8 costs more than it saves on CPU:
-# measured 3.31 vs 2.83 ms/token (int8 vs fp32) on the 3M embedded model, 14.1 vs 30.2 on a 201M Llama.
+# Below this many language-model linear weights, dynamic int8 costs more than it saves on CPU. It sits
+# between two measured points: on the 3 M embedded model int8 was slower than fp32 (the quant suite),
+# on SmolVLM-256M's shape (106 M) 1.6x faster and on Qwen2-VL-2B's (1.3 B) 2.6-3.0x (realsize suite).
 CPU_INT8_MIN_WEIGHTS = 20_000_000
 
 
