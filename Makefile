@@ -2,7 +2,7 @@
 #   make setup   create .venv and install everything (a quick no-op when nothing changed)
 #   make test    setup, then the whole test suite
 #   make demo    setup, then the main job on the embedded default model and the demo bag
-#   make bench   setup, then every benchmark suite (~40 min on 2 cores; tables, JSON, PNG in bench/results)
+#   make bench   setup, then every benchmark suite (~65 min on 2 cores; tables, JSON, PNG in bench/results)
 # On a robot with a system ROS 2, build with colcon instead (README); this Makefile then reuses
 # the system rclpy and never pip-installs ROS.
 

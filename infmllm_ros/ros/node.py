@@ -138,6 +138,7 @@ class InfMLLMNode(LifecycleNode):
 
     def __init__(self, **node_kwargs: Any) -> None:
         super().__init__(NODE_NAME, **node_kwargs)
+        self._gc_pauses = GcPauses()   # first: destroy_node may run when a bad parameter stops __init__
         declare_unchecked(self)
         self.last_failure = ""
         unknown = unknown_overrides(self)
@@ -154,7 +155,6 @@ class InfMLLMNode(LifecycleNode):
             self.last_failure = f"parameters: {error}"
             self.get_logger().error(self.last_failure)
         self.stats = NodeStats()
-        self._gc_pauses = GcPauses()
         self._gc_pauses.install()
         self._reports = ThrottledReport()
         self._query_ids = QueryIds()
