@@ -10,21 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from infmllm_ros.synthetic import corpus_text, generate_episode, generate_questions
+from infmllm_ros.synthetic import corpus_text
 from infmllm_ros.tiny_model.architecture import IMAGE_TOKENS, build_model, train_tokenizer
 from infmllm_ros.tiny_model.data import SequenceWriter, Window, build_sequence
 from infmllm_ros.tiny_model.features import input_embeddings, language_model_loss
 from infmllm_ros.tiny_model.retrieval import best_head_mass, probing, retrieval_layers, use_probe_attention
-from infmllm_ros.tiny_model.streams import RenderedStream, frame_objects
 
-
-def _stream(seed: int = 130_011, duration: float = 60.0) -> RenderedStream:
-    episode = generate_episode(seed, duration)
-    times = 0.5 + np.arange(int(duration))
-    stream = RenderedStream(seed, times, [frame_objects(episode, float(t)) for t in times],
-                            generate_questions(episode, seed, spacing_s=1.0))
-    stream.features = torch.randn(len(times), IMAGE_TOKENS, 128, generator=torch.Generator().manual_seed(0)).half()
-    return stream
+from test_side_questions import labelled_stream
 
 
 def _model(layers: int = 3):
@@ -35,7 +27,7 @@ def _model(layers: int = 3):
 
 def test_evidence_is_the_image_tokens_of_the_frames_that_show_the_object():
     tokenizer, _ = _model()
-    stream = _stream()
+    stream = labelled_stream(duration=60.0)
     batch = build_sequence(stream, Window([(0, len(stream.frame_times))]), tokenizer, side_questions=24,
                            rng=random.Random(1))
     ids = batch["input_ids"][0]
@@ -67,7 +59,7 @@ def test_evidence_is_the_image_tokens_of_the_frames_that_show_the_object():
 @pytest.mark.parametrize("side_questions", [12, 0])   # a branch mask, and plain causal (no mask given)
 def test_the_probe_sees_the_attention_the_model_computes(side_questions):
     tokenizer, model = _model()
-    stream = _stream(duration=30.0)
+    stream = labelled_stream(duration=30.0)
     batch = build_sequence(stream, Window([(0, 30)]), tokenizer, side_questions=side_questions,
                            rng=random.Random(2))
     rows = batch["retrieval_rows"]
@@ -90,7 +82,7 @@ def test_the_probe_sees_the_attention_the_model_computes(side_questions):
 def test_the_retrieval_loss_raises_attention_on_the_evidence():
     tokenizer, model = _model()
     use_probe_attention(model)
-    stream = _stream(duration=30.0)
+    stream = labelled_stream(duration=30.0)
     batch = build_sequence(stream, Window([(0, 30)]), tokenizer, side_questions=12, rng=random.Random(2))
 
     def mass() -> float:

@@ -14,7 +14,8 @@ from infmllm_ros.tiny_model.features import language_model_loss
 from infmllm_ros.tiny_model.streams import RenderedStream, frame_objects
 
 
-def _stream(seed: int = 130_011, duration: float = 40.0) -> RenderedStream:
+def labelled_stream(seed: int = 130_011, duration: float = 40.0) -> RenderedStream:
+    """A short training stream with random frame features (what the language-model tests need)."""
     episode = generate_episode(seed, duration)
     times = 0.5 + np.arange(int(duration))
     stream = RenderedStream(seed, times, [frame_objects(episode, float(t)) for t in times],
@@ -27,7 +28,7 @@ def test_side_questions_are_true_and_leave_the_stream_unchanged():
     torch.manual_seed(0)
     tokenizer = train_tokenizer(corpus_text(range(5)))
     model = build_model(tokenizer, 128, 1).eval()
-    stream = _stream()
+    stream = labelled_stream()
     window = Window([(0, len(stream.frame_times))])
     plain = build_sequence(stream, window, tokenizer)
     sided = build_sequence(stream, window, tokenizer, side_questions=24, rng=random.Random(1))
@@ -52,7 +53,7 @@ def test_a_side_question_is_answered_as_if_asked_alone_after_its_frame():
     torch.manual_seed(0)
     tokenizer = train_tokenizer(corpus_text(range(5)))
     model = build_model(tokenizer, 128, 1).eval()
-    stream = _stream()
+    stream = labelled_stream()
     stream.questions = []   # only the side question, so the alone-sequence is easy to write
     window = Window([(0, 20)])
     sided = build_sequence(stream, window, tokenizer, side_questions=4, rng=random.Random(3))
