@@ -77,7 +77,8 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
         torch.set_num_threads(threads)
     engine_only = [answer["total_s"] for answer in result.answers]
 
-    row = {"bag_s": duration_s, "bag_hz": BAG_RATE_HZ, "torch_threads": engine_threads, "frames_in_bag": int(duration_s * BAG_RATE_HZ), **counts,
+    row = {"bag_s": duration_s, "bag_hz": BAG_RATE_HZ, "torch_threads": engine_threads,
+           "frames_in_bag": int(duration_s * BAG_RATE_HZ), **counts,
            "questions": len(run.questions), "answered": len(answered),
            "refused_or_failed": len(run.infos) - len(answered),
            "unanswered": len({q["id"] for q in run.questions} - set(run.infos)),

@@ -17,19 +17,24 @@ from .scale import stream_frames
 MODES = ("none", "cpu-int8", "nf4", "int8")
 
 
+def stored_tensors(value) -> list[torch.Tensor]:
+    """The tensors of one state_dict entry: packed quantized weights are a tuple (weight, bias)."""
+    return [t for t in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(t, torch.Tensor)]
+
+
+def tensor_bytes(value) -> int:
+    """Bytes of one state_dict entry (packed int8 and 4-bit weights at their real size)."""
+    return sum(t.numel() * t.element_size() for t in stored_tensors(value))
+
+
 def model_megabytes(model: torch.nn.Module) -> float:
     """Bytes of every stored tensor, each once (a tied output head is the embedding table, listed
-    twice by state_dict); packed int8 and 4-bit weights count at their real size."""
-    total, seen = 0, set()
+    twice by state_dict)."""
+    unique = {}
     for value in model.state_dict().values():
-        tensors = value if isinstance(value, (tuple, list)) else (value,)
-        for tensor in tensors:
-            if isinstance(tensor, torch.Tensor):
-                key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-                if key not in seen:
-                    seen.add(key)
-                    total += tensor.numel() * tensor.element_size()
-    return total / 2**20
+        for tensor in stored_tensors(value):
+            unique[(tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))] = tensor
+    return sum(map(tensor_bytes, unique.values())) / 2**20
 
 
 def run_quant(model_path, episodes: int, duration_s: float, frames: int = 64, modes=MODES):

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 
 from .measure import decode_timings, in_child, rss_mb
-from .quant import model_megabytes
+from .quant import model_megabytes, tensor_bytes
 from .scale import stream_frames
 
 QUESTION = "what is in view ?"
@@ -158,27 +158,23 @@ def decode_weight_bytes(model) -> int:
     whole output head (a tied head is the embedding table, read in full; one embedding row is not
     worth counting). The vision tower and projector do not run while decoding."""
     text = model.get_decoder()
-    total = sum(_tensor_bytes(v) for k, v in text.state_dict().items() if not k.startswith("embed_tokens"))
-    return total + _tensor_bytes(model.get_output_embeddings().weight)
+    total = sum(tensor_bytes(v) for k, v in text.state_dict().items() if not k.startswith("embed_tokens"))
+    return total + tensor_bytes(model.get_output_embeddings().weight)
 
 
-def _tensor_bytes(value) -> int:
-    tensors = value if isinstance(value, (tuple, list)) else (value,)
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-def kv_shape(model) -> tuple[int, int, int]:
+def kv_shape(model) -> tuple[int, int, int, torch.dtype]:
+    """(layers, KV heads, head dim, dtype) of the model's keys and values."""
     text = model.config.get_text_config()
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return text.num_hidden_layers, text.num_key_value_heads, head_dim
+    dtype = next(model.get_decoder().parameters()).dtype
+    return text.num_hidden_layers, text.num_key_value_heads, head_dim, dtype
 
 
 def fill_session(session: StreamingSession, tokens: int, piece: int) -> None:
     """Append `tokens` tokens of right-shaped random keys and values, and random attention mass, to
     the session's cache in pieces, through the cache's own verbs (eviction and re-indexing run
     as in a stream), without running the model."""
-    layers, heads, head_dim = kv_shape(session.model)
-    dtype = next(session.model.get_decoder().parameters()).dtype
+    layers, heads, head_dim, dtype = kv_shape(session.model)
     token = torch.tensor([[session.tokenizer.pad_token_id or 0]])
     for start in range(0, tokens, piece):
         count = min(piece, tokens - start)
@@ -197,8 +193,7 @@ def fill_session(session: StreamingSession, tokens: int, piece: int) -> None:
 def filled_dynamic_cache(model, tokens: int):
     """transformers' DynamicCache holding `tokens` right-shaped random keys and values."""
     from transformers import DynamicCache
-    layers, heads, head_dim = kv_shape(model)
-    dtype = next(model.get_decoder().parameters()).dtype
+    layers, heads, head_dim, dtype = kv_shape(model)
     cache = DynamicCache(config=model.config)
     for layer in range(layers):
         cache.update(torch.randn(1, heads, tokens, head_dim, dtype=dtype),
@@ -208,7 +203,7 @@ def filled_dynamic_cache(model, tokens: int):
 
 def kv_bytes(session: StreamingSession) -> int:
     """Keys and values held (what a decoding step reads of the cache; bookkeeping apart)."""
-    return sum(_tensor_bytes(layer.keys) + _tensor_bytes(layer.values) for layer in session.cache.layers
+    return sum(tensor_bytes(layer.keys) + tensor_bytes(layer.values) for layer in session.cache.layers
                if layer.keys is not None)
 
 
@@ -235,8 +230,9 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
                                              cache_budget=size.budget))
     model, processor = session.model, session.processor
     steps = size.steps or session.policy.chunk
+    weight_bytes = decode_weight_bytes(model)
     summary = {"model": name, "mode": mode, "weights_mb": model_megabytes(model), "decode_steps": steps,
-               "decode_weights_mb": decode_weight_bytes(model) / 2**20, "frame_tokens": session.frame_tokens,
+               "decode_weights_mb": weight_bytes / 2**20, "frame_tokens": session.frame_tokens,
                "rss_loaded_mb": rss_mb(), "rss_start_mb": rss_start}
     ingest = [session.add_frame(frame, stamp=float(i)).seconds
               for i, frame in enumerate(tqdm(stream_frames(size.frames), desc=f"{name} {mode} frames", leave=False))]
@@ -250,8 +246,8 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
             if runner == "generate":
                 cell["decode_ms"] = generate_ms_per_token(model, context, steps)
                 cell["cache_tokens"] = context
-                layers, heads, head_dim = kv_shape(model)
-                held = 2 * layers * heads * head_dim * context * next(model.get_decoder().parameters()).element_size()
+                layers, heads, head_dim, dtype = kv_shape(model)
+                held = 2 * layers * heads * head_dim * context * dtype.itemsize
                 cell["kv_mb"] = held / 2**20
             else:
                 policy = StreamingSession(SessionConfig(model_path=directory, quantization=mode, cache_policy=runner,
@@ -270,7 +266,7 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
                             cache_tokens=policy.cache_tokens, kv_mb=held / 2**20,
                             reserved_mb=policy.cache_bytes / 2**20)
                 del policy
-            floor_bytes = decode_weight_bytes(model) + held
+            floor_bytes = weight_bytes + held
             cell["floor_ms"] = 1000 * floor_bytes / (bandwidth_gbs * 1e9)
             cell["of_floor_pct"] = 100 * cell["floor_ms"] / cell["decode_ms"]
             cell["rss_mb"] = rss_mb()

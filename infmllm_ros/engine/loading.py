@@ -66,6 +66,11 @@ def resolve_model_path(model_path: str | Path | None) -> Path:
     return path
 
 
+def _first_line(error: Exception) -> str:
+    """An error's first line for a one-line reason (its repr when it has no text)."""
+    return (str(error).splitlines() or [repr(error)])[0]
+
+
 def check_supported(path: Path) -> None:
     """One line naming the supported families when config.json names another, read before
     transformers loads gigabytes the engine could not position (or fails on an unknown type)."""
@@ -73,9 +78,10 @@ def check_supported(path: Path) -> None:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot read {str(path / 'config.json')!r}: {error}") from error
-    family = config.get("model_type") if isinstance(config, dict) else None
+    config = config if isinstance(config, dict) else {}
+    family = config.get("model_type")
     if family not in POSITIONS:
-        architectures = ", ".join(config.get("architectures") or []) if isinstance(config, dict) else ""
+        architectures = ", ".join(config.get("architectures") or [])
         raise ModelLoadError(f"model {str(path)!r} is {family!r}{f' ({architectures})' if architectures else ''}; "
                              f"the engine supports {', '.join(sorted(POSITIONS))}")
 
@@ -91,8 +97,7 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
     try:
         weights = language_linear_weights(AutoConfig.from_pretrained(path, local_files_only=True))
     except (OSError, ValueError, KeyError, AttributeError) as error:
-        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: "
-                             f"{(str(error).splitlines() or [repr(error)])[0]}") from error
+        raise ModelLoadError(f"cannot read the model config in {str(path)!r}: {_first_line(error)}") from error
     try:
         mode = resolve_mode(quantization, device, weights)
     except QuantizationError as error:
@@ -114,8 +119,7 @@ def load_model_and_processor(model_path: str | Path | None, device: str = "cpu",
         processor = processor_class.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
         # a KeyError's text is only the missing key: name it as such
-        reason = (f"a file lacks the field {error}" if isinstance(error, KeyError)
-                  else (str(error).splitlines() or [repr(error)])[0])
+        reason = f"a file lacks the field {error}" if isinstance(error, KeyError) else _first_line(error)
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {reason}") from error
     finally:
         if progress_bar_was_on:
