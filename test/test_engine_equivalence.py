@@ -45,15 +45,19 @@ def test_policy_matches_plain_forward_when_budget_exceeds_context(tiny_model_dir
 def test_multi_round_answers_stay_in_cache(tiny_model_dirs, family):
     """Frames, a question, its answer, more frames, another question: one cache, no recompute."""
     session = session_for(tiny_model_dirs[family], "infmllm")
+    forwarded = []   # tokens the language model is given, call by call
+    session.model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: forwarded.append(kwargs["inputs_embeds"].shape[1]), with_kwargs=True)
     for image in frames(3):
         session.add_frame(image)
     first = session.ask(QUESTION)
-    after_first = session.cache.tokens_seen
+    after_first, forwarded_first = session.cache.tokens_seen, sum(forwarded)
+    assert forwarded_first == after_first
     for image in frames(2, seed=3):
         session.add_frame(image)
     second = session.ask(QUESTION)
     assert first.tokens >= 1 and second.tokens >= 1
     assert second.frames_seen == 5
-    # the second round appended only new tokens: frames, the question, the answer
-    assert session.cache.tokens_seen > after_first
+    # the second round forwarded only its new tokens (frames, question, answer), never the first again
+    assert sum(forwarded) - forwarded_first == session.cache.tokens_seen - after_first > 0
     assert second.ttft_s <= second.total_s
