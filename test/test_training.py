@@ -18,7 +18,7 @@ import pytest
 
 TINY = ["--streams", "1", "--stream-seconds", "70", "--validation-streams", "1", "--vision-steps", "5",
         "--vision-episodes", "4", "--short-streams", "0", "--validation-short-streams", "0",
-        "--validate-every", "4", "--threads", "1", "--render-workers", "1"]
+        "--validate-every", "4", "--threads", "1", "--render-workers", "1", "--long-steps", "0"]
 
 
 def train(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
@@ -28,10 +28,12 @@ def train(*args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
 
 def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     out, work = tmp_path / "model", tmp_path / "work"
-    done = train("--out", str(out), "--work-dir", str(work), "--steps", "8", "--retrieval-weight", "0.5")
+    done = train("--out", str(out), "--work-dir", str(work), "--steps", "6", "--long-steps", "2",
+                 "--retrieval-weight", "0.5")
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((out / "training.json").read_text())
-    assert [row["step"] for row in record["validation"]] == [4, 8]
+    assert [row["step"] for row in record["validation"]] == [4, 6, 8]   # every 4, and at the end of each phase
+    assert record["long_steps"] == 2
     assert {"current", "recent", "long", "distant", "loss"} <= set(record["validation"][-1])
     assert record["retrieval_weight"] == 0.5 and "recent_mass" in record["validation"][-1]
     assert '"_attn_implementation"' not in (out / "config.json").read_text()   # the training probe stays in training
@@ -41,7 +43,7 @@ def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     # a second run over the same work dir refuses to start over silently, then resumes on request
     again = train("--out", str(out), "--work-dir", str(work), "--steps", "8")
     assert again.returncode != 0 and "--resume" in again.stderr
-    longer = train("--out", str(out), "--work-dir", str(work), "--steps", "12", "--resume")
+    longer = train("--out", str(out), "--work-dir", str(work), "--steps", "6", "--long-steps", "6", "--resume")
     assert longer.returncode == 0, longer.stderr[-2000:]
     said = longer.stdout + longer.stderr
     assert "resumed from" in said and "at step 8" in said
@@ -50,7 +52,7 @@ def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
 
 def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path):
     first, warm = tmp_path / "first", tmp_path / "warm"
-    done = train("--out", str(first), "--work-dir", str(tmp_path / "w1"), "--steps", "4")
+    done = train("--out", str(first), "--work-dir", str(tmp_path / "w1"), "--steps", "4", "--attention-factor", "1")
     assert done.returncode == 0, done.stderr[-2000:]
     # one step at learning rate 0: the weights must come out exactly as they went in
     again = train("--init-from", str(first), "--out", str(warm), "--work-dir", str(tmp_path / "w2"), "--steps", "1",
@@ -70,6 +72,36 @@ def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path)
     cos_b, sin_b = b.model.language_model.rotary_emb(x, positions)
     assert torch.allclose(cos_b, 1.3 * cos_a) and torch.allclose(sin_b, 1.3 * sin_a)
     assert torch.equal(a.model.language_model.rotary_emb.inv_freq, b.model.language_model.rotary_emb.inv_freq)
+
+
+def test_tuning_the_taken_tower_changes_only_the_tower(tmp_path):
+    """--vision-tune-steps trains the warm-started tower (its CLS on frame contents) and nothing else
+    before the language-model stage; at lr 0 the rest comes out exactly as it went in."""
+    first, tuned = tmp_path / "first", tmp_path / "tuned"
+    done = train("--out", str(first), "--work-dir", str(tmp_path / "w1"), "--steps", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = train("--init-from", str(first), "--out", str(tuned), "--work-dir", str(tmp_path / "w2"), "--steps", "1",
+                  "--lr", "0", "--vision-tune-steps", "3")
+    assert again.returncode == 0, again.stderr[-2000:]
+    import torch
+    from transformers import LlavaForConditionalGeneration
+    a, b = (LlavaForConditionalGeneration.from_pretrained(d) for d in (first, tuned))
+    changed = {name for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items())
+               if not torch.equal(x, y)}
+    assert changed and all(name.startswith("model.vision_tower.") for name in changed), sorted(changed)[:5]
+    vision = json.loads((tuned / "training.json").read_text())["vision_pretraining"]
+    assert vision["tune_steps"] == 3 and 0.0 <= vision["frame_contents"] <= 1.0
+    assert vision["tuned_from"]["from"] == str(first)
+
+
+def test_frame_contents_names_every_pair_colour_and_shape():
+    from infmllm_ros.synthetic import COLOURS, SHAPES
+    from infmllm_ros.tiny_model.vision_pretraining import CONTENT_TARGETS, frame_contents
+    contents = frame_contents([(1, 2, 0.0, 0.0, 60.0), (1, 0, 0.0, 0.0, 60.0)])   # two objects of colour 1
+    pairs = len(COLOURS) * len(SHAPES)
+    assert contents.shape == (CONTENT_TARGETS,) and contents.sum() == 2 + 1 + 2
+    assert contents[1 * len(SHAPES) + 2] == contents[1 * len(SHAPES) + 0] == 1
+    assert contents[pairs + 1] == 1 and contents[pairs + len(COLOURS) + 2] == contents[pairs + len(COLOURS)] == 1
 
 
 def test_init_from_and_a_different_vision_from_refused(tmp_path):

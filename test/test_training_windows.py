@@ -59,3 +59,32 @@ def test_scattered_sequences_keep_stream_positions_and_ask_distant_questions():
     elapsed = stream.frame_times[window.frames[-1]] - stream.frame_times[window.frames[0]]
     assert 0.75 * elapsed * TOKENS_PER_SECOND <= int(frame_starts[-1]) <= 1.3 * elapsed * TOKENS_PER_SECOND
     assert len(batch["input_ids"][0][is_stream]) < elapsed * FRAME_TOKENS   # the minutes between are skipped
+
+
+def test_the_long_phase_draws_mostly_scattered_windows_under_its_own_learning_rate(monkeypatch):
+    """One command trains both phases: scattered windows only after --steps (when the first phase
+    has none), at LONG_PHASE_MIX's share, and a second cycle peaking at --long-lr."""
+    from argparse import Namespace
+
+    from infmllm_ros.tiny_model import train
+
+    drawn = []
+    monkeypatch.setattr(train, "sample_window", lambda stream, rng, frames, **kind: drawn.append(kind) or None)
+    args = Namespace(steps=100, long_steps=50, short_share=0.3, gapped_share=0.35, scattered_share=0.0,
+                     max_frames=64, scattered_frames=160, short_stream_share=0.5)
+    streams = train.Streams({"train": [_stream()], "validation": []})
+    rng = random.Random(0)
+
+    def shares(step):
+        drawn.clear()
+        for _ in range(2000):
+            train.next_window(args, step, streams, rng)
+        return [sum(kind.get(name, False) for kind in drawn) / len(drawn) for name in ("scattered", "gapped")]
+
+    scattered, gapped = shares(60)
+    assert scattered == 0.0 and 0.3 < gapped < 0.4
+    scattered, gapped = shares(120)
+    assert abs(scattered - train.LONG_PHASE_MIX[1]) < 0.04 and abs(gapped - train.LONG_PHASE_MIX[0]) < 0.03
+    # each phase's cycle: linear warm-up over a 40th of its steps, then cosine down to a tenth
+    assert abs(train._cycle(0, 400) - 0.1) < 0.01 and train._cycle(9, 400) > 0.99
+    assert abs(train._cycle(400, 400) - 0.1) < 1e-9
