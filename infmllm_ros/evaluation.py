@@ -64,6 +64,9 @@ class EvalResult:
     mistakes: list[dict] = field(default_factory=list)
     evidence_kept: dict[str, list[float]] = field(default_factory=lambda: {f: [] for f in FAMILIES})
     answers: list[dict] = field(default_factory=list)   # {seed, t, question, total_s, ttft_s}
+    #: per question kind (template), [correct, total]: a family can hide a kind at chance behind one
+    #: that works (distant "what colour was the triangle?" against "what shape was the purple object?")
+    by_kind: dict[str, list[int]] = field(default_factory=dict)
 
     def accuracy(self) -> dict[str, float]:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
@@ -74,6 +77,10 @@ class EvalResult:
             self.correct[f] += other.correct[f]
             self.total[f] += other.total[f]
             self.evidence_kept[f] += other.evidence_kept[f]
+        for kind, (right, asked) in other.by_kind.items():
+            counts = self.by_kind.setdefault(kind, [0, 0])
+            counts[0] += right
+            counts[1] += asked
         self.mistakes += other.mistakes
         self.answers += other.answers
 
@@ -168,8 +175,11 @@ def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None 
                            "ttft_s": reply.ttft_s})
     answer = reply.text.strip().lower()
     result.total[question.family] += 1
+    kind = result.by_kind.setdefault(question.kind, [0, 0])
+    kind[1] += 1
     if answer == question.answer:
         result.correct[question.family] += 1
+        kind[0] += 1
     else:
         result.mistakes.append({"seed": seed, "t": question.t, "question": question.text,
                                 "expected": question.answer, "answer": answer})
@@ -211,7 +221,8 @@ def main(argv=None) -> int:
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes,
                    "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy,
-                   "correct": result.correct, "total": result.total, "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
+                   "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
+                   "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s\n")
@@ -220,6 +231,9 @@ def main(argv=None) -> int:
         low, high = wilson_interval(result.correct[family], result.total[family])
         print(f"| {family} | {result.correct[family]} | {result.total[family]} | {100 * accuracy[family]:.1f} % "
               f"| {100 * low:.1f}-{100 * high:.1f} % |")
+    print("\n| question kind | correct | total | accuracy |\n|---|---|---|---|")
+    for kind, (right, asked) in sorted(result.by_kind.items()):
+        print(f"| {kind} | {right} | {asked} | {100 * right / asked:.1f} % |")
     return 0
 
 

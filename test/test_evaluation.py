@@ -78,6 +78,10 @@ def test_cut_streams_feed_only_the_evidence_and_the_tail():
                      key=lambda q: q.t)
     assert len(asked) == len(distant) == result.total["distant"] > 0
     assert sum(result.total.values()) == result.total["distant"]
+    # per kind, the same questions regrouped by template
+    kinds = {q.kind for q in distant}
+    assert set(result.by_kind) == kinds and sum(asked for _, asked in result.by_kind.values()) == len(distant)
+    assert sum(right for right, _ in result.by_kind.values()) == result.correct["distant"]
     for question, (text, fed, frames_seen) in zip(distant, asked):
         assert text == question.text and frames_seen == len(fed)
         t_enter, t_exit = question.evidence

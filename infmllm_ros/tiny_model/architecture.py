@@ -2,8 +2,7 @@
 
 Nothing here is custom: the saved directory loads with AutoModelForImageTextToText and
 AutoProcessor exactly like a LLaVA checkpoint from the hub. Sizes are chosen for CPU training in
-under 30 minutes on 2 cores and for cheap long streams: 17 visual tokens per frame, the tower's CLS
-token (LLaVA's "full" feature selection) and its 16 patches.
+under 30 minutes on 2 cores and for cheap long streams: 16 visual tokens per frame.
 """
 
 from __future__ import annotations
@@ -19,20 +18,15 @@ from transformers import (CLIPImageProcessorPil, LlavaConfig, LlavaForConditiona
 from infmllm_ros.engine.adapters import PROMPT_FILE
 
 IMAGE_SIZE = 64          # the camera frame is squashed to 64x64 (aspect not kept; consistent everywhere)
-PATCH_SIZE = 16          # -> 4x4 = 16 patch tokens per frame
+PATCH_SIZE = 16          # -> 4x4 = 16 visual tokens per frame
 GRID = IMAGE_SIZE // PATCH_SIZE
-#: LLaVA's "full" selection keeps the CLS token before the patches. It is trained to summarise the
-#: frame's objects (vision_pretraining.py), so a question about an object seen once can find its
-#: frames by one confident key per frame: keyed on 16 patches that each see part of an object, the
-#: shape was misread often enough over 10 minutes that "what colour was the triangle?" was at chance.
-FEATURE_SELECTION = "full"
-IMAGE_TOKENS = GRID ** 2 + (FEATURE_SELECTION == "full")
+IMAGE_TOKENS = GRID ** 2
 #: positions the model is trained on (random offsets and gapped windows reach them): a 10-minute
 #: stream at 1 Hz with a question every 3 s is about 12,500 positions under the full cache
 MAX_POSITIONS = 16384
 
 SPECIAL_TOKENS = ["<unk>", "<pad>", "</s>", "<image>", "<frame>", "<q>", "<a>"]
-# The stream as text: "<frame>" then the frame's 17 image tokens; a question, then its answer
+# The stream as text: "<frame>" then the frame's 16 image tokens; a question, then its answer
 # closed by "</s>". Whole words as tokens: the world's language is a few dozen words.
 PROMPT = {"frame": "<frame><image>", "question": "<q> {question} <a>", "stop": []}
 
@@ -51,7 +45,7 @@ def train_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
 def build_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
     image_processor = CLIPImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, do_center_crop=False)
     return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
-                          vision_feature_select_strategy=FEATURE_SELECTION, num_additional_image_tokens=1)
+                          vision_feature_select_strategy="default", num_additional_image_tokens=1)
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
@@ -67,7 +61,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_seq_length=IMAGE_TOKENS,
-        vision_feature_layer=-1, vision_feature_select_strategy=FEATURE_SELECTION,
+        vision_feature_layer=-1, vision_feature_select_strategy="default",
         projector_hidden_act="gelu", tie_word_embeddings=True)
     return LlavaForConditionalGeneration(config)
 

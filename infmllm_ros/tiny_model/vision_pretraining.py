@@ -14,20 +14,10 @@ object's shape wherever its pixels are, or it cannot retrieve it by shape later.
 Frames are mirrored left-right at random (every shape of the world is left-right symmetric), and
 held-out accuracy is reported per patch and per object (shape log-probabilities summed over the
 patches an object holds: what a language model attending to all of its tokens can read).
-
-The CLS token, which LLaVA's "full" selection hands to the language model before the patches, is
-trained to say which (colour, shape) pairs, colours and shapes the frame holds (one sigmoid each):
-a frame-level key a question about an object seen once can match. Keyed on patches alone, the
-rare shape asked about was confused with the common ones often enough over ten minutes of frames
-that "what colour was the triangle seen earlier?" was answered at chance.
-
-Warm-started from a trained tower (`anchor`), the patch tokens are held to what they were (mean
-squared distance to the anchor's), so a language model trained on them keeps reading them.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 
@@ -67,24 +57,10 @@ def patch_targets(objects: list[tuple[int, int, float, float, float]]
     return colour, shape, owner
 
 
-#: the CLS token's targets: every (colour, shape) pair, then every colour, then every shape
-CONTENT_TARGETS = len(COLOURS) * len(SHAPES) + len(COLOURS) + len(SHAPES)
-
-
-def frame_contents(objects: list[tuple[int, int, float, float, float]]) -> torch.Tensor:
-    """Multi-hot of the (colour, shape) pairs, colours and shapes of a frame's objects."""
-    contents = torch.zeros(CONTENT_TARGETS)
-    pairs = len(COLOURS) * len(SHAPES)
-    for c, s, *_ in objects:
-        contents[c * len(SHAPES) + s] = contents[pairs + c] = contents[pairs + len(COLOURS) + s] = 1.0
-    return contents
-
-
 def labelled_frames(streams: list[RenderedStream]):
-    """(pixels, patch colour, patch shape, patch owner, object shapes, count, contents) of every frame
-    whose objects are all in view; object shapes are per frame, -1 padded to the most objects a frame
-    holds; contents as frame_contents."""
-    pixels, colours, shapes, owners, object_shapes, counts, contents = [], [], [], [], [], [], []
+    """(pixels, patch colour, patch shape, patch owner, object shapes, count) of every frame whose
+    objects are all in view; object shapes are per frame, -1 padded to the most objects a frame holds."""
+    pixels, colours, shapes, owners, object_shapes, counts = [], [], [], [], [], []
     for stream in streams:
         for index, objects in enumerate(stream.objects):
             if objects is None or len(objects) >= len(COUNT_WORDS):
@@ -96,9 +72,8 @@ def labelled_frames(streams: list[RenderedStream]):
             owners.append(owner)
             object_shapes.append(torch.tensor([o[1] for o in objects] + [-1] * (len(COUNT_WORDS) - len(objects))))
             counts.append(len(objects))
-            contents.append(frame_contents(objects))
     return (torch.stack(pixels), torch.stack(colours), torch.stack(shapes), torch.stack(owners),
-            torch.stack(object_shapes), torch.tensor(counts), torch.stack(contents))
+            torch.stack(object_shapes), torch.tensor(counts))
 
 
 def _mirrored(pixels: torch.Tensor, *patch_labels: torch.Tensor):
@@ -124,72 +99,51 @@ def object_shape_accuracy(shape_logits: torch.Tensor, owners: torch.Tensor, obje
     return right / max(total, 1)
 
 
-def _false_positive_share(content_logits: torch.Tensor, contents: torch.Tensor) -> float:
-    shapes = slice(CONTENT_TARGETS - len(SHAPES), CONTENT_TARGETS)
-    absent = contents[:, shapes] == 0
-    return ((content_logits[:, shapes] > 0) & absent).sum().item() / max(absent.sum().item(), 1)
-
-
 def pretrain_vision_tower(tower: CLIPVisionModel, streams: list[RenderedStream], held_out: list[RenderedStream],
                           steps: int = 1500, batch: int = 64, lr: float = 2e-3, seed: int = 0,
-                          mirror: bool = True, evaluate_every: int = 0, anchored: bool = False) -> dict:
-    """Train `tower` in place on the patch/count/contents targets; returns held-out accuracies (and,
-    with `evaluate_every`, their history). `anchored`: `tower` is already trained; its patch tokens
-    are held to what they are now."""
-    pixels, colours, shapes, _, _, counts, contents = labelled_frames(streams)
+                          mirror: bool = True, evaluate_every: int = 0) -> dict:
+    """Train `tower` in place on the patch/count targets; returns held-out accuracies (and, with
+    `evaluate_every`, their history)."""
+    pixels, colours, shapes, _, _, counts = labelled_frames(streams)
     held = labelled_frames(held_out)
-    anchor = copy.deepcopy(tower).eval().requires_grad_(False) if anchored else None
     width = tower.config.hidden_size
     heads = torch.nn.ModuleDict({"colour": torch.nn.Linear(width, len(COLOURS) + 1),
                                  "shape": torch.nn.Linear(width, len(SHAPES) + 1),
-                                 "count": torch.nn.Linear(width * GRID * GRID, len(COUNT_WORDS)),
-                                 "contents": torch.nn.Linear(width, CONTENT_TARGETS)})
+                                 "count": torch.nn.Linear(width * GRID * GRID, len(COUNT_WORDS))})
     optimizer = torch.optim.AdamW(list(tower.parameters()) + list(heads.parameters()), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     sampler = random.Random(seed)
 
     def logits(batch_pixels):
-        # the same features LLaVA will read: the last layer's CLS and patch tokens
-        tokens = tower(pixel_values=batch_pixels.float()).last_hidden_state
-        patches = tokens[:, 1:]
-        return (heads["colour"](patches), heads["shape"](patches), heads["count"](patches.flatten(1)),
-                heads["contents"](tokens[:, 0]), patches)
+        # the same features LLaVA will read: the last layer's patch tokens (CLS dropped)
+        patches = tower(pixel_values=batch_pixels.float()).last_hidden_state[:, 1:]
+        return heads["colour"](patches), heads["shape"](patches), heads["count"](patches.flatten(1))
 
     def evaluate() -> dict:
         tower.eval()
-        held_pixels, held_colours, held_shapes, owners, object_shapes, held_counts, held_contents = held
+        held_pixels, held_colours, held_shapes, owners, object_shapes, held_counts = held
         with torch.inference_mode():
-            parts = [logits(held_pixels[i:i + 512])[:4] for i in range(0, len(held_pixels), 512)]
-        colour_logits, shape_logits, count_logits, content_logits = (torch.cat(p) for p in zip(*parts))
+            parts = [logits(held_pixels[i:i + 512]) for i in range(0, len(held_pixels), 512)]
+        colour_logits, shape_logits, count_logits = (torch.cat(p) for p in zip(*parts))
         occupied = held_colours > 0
-        said = content_logits > 0
         return {"patch_colour": (colour_logits.argmax(-1) == held_colours)[occupied].float().mean().item(),
                 "patch_shape": (shape_logits.argmax(-1) == held_shapes)[occupied].float().mean().item(),
                 "object_shape": object_shape_accuracy(shape_logits, owners, object_shapes),
-                "count": (count_logits.argmax(-1) == held_counts).float().mean().item(),
-                # the CLS summary: frames whose every pair, colour and shape is said right, and the
-                # share of "this frame holds shape s" said of frames that do not (false keys)
-                "frame_contents": (said == (held_contents > 0)).all(-1).float().mean().item(),
-                "shape_false_positive": _false_positive_share(content_logits, held_contents)}
+                "count": (count_logits.argmax(-1) == held_counts).float().mean().item()}
 
     history = []
     tower.train()
     for step in tqdm(range(steps), desc="vision pretraining", unit="step"):
         pick = torch.tensor([sampler.randrange(len(pixels)) for _ in range(batch)])
         batch_pixels, batch_colours, batch_shapes = pixels[pick], colours[pick], shapes[pick]
-        if mirror:   # contents and count do not change with a mirror
+        if mirror:
             flip = torch.rand(batch) < 0.5
             mirrored = _mirrored(batch_pixels[flip], batch_colours[flip], batch_shapes[flip])
             batch_pixels[flip], batch_colours[flip], batch_shapes[flip] = mirrored
-        colour_logits, shape_logits, count_logits, content_logits, patches = logits(batch_pixels)
+        colour_logits, shape_logits, count_logits = logits(batch_pixels)
         loss = (F.cross_entropy(colour_logits.flatten(0, 1), batch_colours.flatten())
                 + F.cross_entropy(shape_logits.flatten(0, 1), batch_shapes.flatten())
-                + F.cross_entropy(count_logits, counts[pick])
-                + F.binary_cross_entropy_with_logits(content_logits, contents[pick]) * CONTENT_TARGETS / 4)
-        if anchor is not None:
-            with torch.no_grad():
-                before = anchor(pixel_values=batch_pixels.float()).last_hidden_state[:, 1:]
-            loss = loss + F.mse_loss(patches, before) / before.var()
+                + F.cross_entropy(count_logits, counts[pick]))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
