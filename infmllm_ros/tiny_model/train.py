@@ -3,8 +3,9 @@
 Stages: 0) the vision tower alone, directly supervised on frames (vision_pretraining.py); then the
 tower is frozen and every frame's features are computed once (features.py), so 1) the language
 model and projector train on windows of long streams without paying for vision again: short
-windows first (seeing, what just left), then long and gapped ones (remembering minutes back).
-Only answer tokens carry loss.
+windows first (seeing, what just left), then long and gapped ones (remembering minutes back), and
+last a long phase of windows shaped like a 10-minute stream under a second learning-rate cycle
+(what made the shipped weights as a separate fine-tune). Only answer tokens carry loss.
 
 Runs safely in the background: rendered streams, the vision stage and a checkpoint (every
 `--checkpoint-minutes`, on Ctrl-C and on SIGTERM) go to `--work-dir`; `--resume` picks up from
@@ -37,8 +38,7 @@ from transformers import LlavaForConditionalGeneration
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.synthetic import FAMILIES, corpus_text
 
-from .architecture import (IMAGE_TOKENS, build_model, build_processor, save_model_dir, set_attention_factor,
-                           train_tokenizer)
+from .architecture import build_model, build_processor, save_model_dir, set_attention_factor, train_tokenizer
 from .curve import plot_training_curve
 from .data import FRAME_TOKENS, IGNORE, Window, build_sequence, sample_window
 from .frame_targets import FIRST_TARGET_TOKEN, TARGETS_PER_FRAME
@@ -95,11 +95,6 @@ def parse_args(argv):
     parser.add_argument("--attention-factor", type=float, default=1.3,
                         help="scale written into the saved model's RoPE (YaRN attention_factor at factor 1: "
                              "logits x factor^2) for streams longer than the training windows; training runs at 1")
-    parser.add_argument("--vision-tune-steps", type=int, default=0,
-                        help="with --vision-from/--init-from: train the taken tower this many more stage-0 steps "
-                             "(its patch tokens held to what they were), e.g. to teach its CLS token the "
-                             "frame's contents; 0 = take it as it is")
-    parser.add_argument("--vision-tune-lr", type=float, default=3e-4)
     parser.add_argument("--vision-episodes", type=int, default=3600,
                         help="short episodes for the vision stage, 8 frames each")
     parser.add_argument("--vision-steps", type=int, default=6000, help="stage 0: direct vision pretraining steps")
@@ -188,9 +183,8 @@ class Streams:
 def prepare_streams(args, tokenizer, model, work_dir: Path):
     """Rendered streams with features, and the vision stage's accuracy (cached in work_dir)."""
     cached = work_dir / "streams.pt"
-    tower_shape = {"width": args.vision_width, "layers": args.vision_layers, "tokens": IMAGE_TOKENS,
+    tower_shape = {"width": args.vision_width, "layers": args.vision_layers,
                    "from": str(args.vision_from.resolve()) if args.vision_from else None,
-                   "tuned": [args.vision_tune_steps, args.vision_tune_lr] if args.vision_from else None,
                    "short": [args.short_streams, args.short_stream_seconds, args.validation_short_streams]}
     if cached.exists() and not args.redo_vision:
         saved = torch.load(cached, weights_only=False)
@@ -215,13 +209,6 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
     tower = model.model.vision_tower
     if args.vision_from:
         vision_accuracy = _tower_from(args.vision_from, tower)
-        if args.vision_tune_steps:
-            snapshots = _vision_snapshots(args, tokenizer, work_dir)
-            render_s = time.perf_counter() - started
-            tuned = pretrain_vision_tower(tower, snapshots, validation, steps=args.vision_tune_steps,
-                                          lr=args.vision_tune_lr, seed=args.seed, anchored=True,
-                                          evaluate_every=args.validate_every)
-            vision_accuracy = {**tuned, "tuned_from": vision_accuracy, "tune_steps": args.vision_tune_steps}
     else:
         snapshots = _vision_snapshots(args, tokenizer, work_dir)
         render_s = time.perf_counter() - started
@@ -386,7 +373,8 @@ def next_window(args, step: int, streams: Streams, rng: random.Random) -> tuple[
 def _cycle(step: int, steps: int) -> float:
     """Share of a phase's peak learning rate at `step`: linear warm-up over a 40th, cosine to 0.1."""
     warmup = max(steps // 40, 1)
-    return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, steps) / max(steps, 1))))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(step, steps) / max(steps, 1)))
+    return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * cosine)
 
 
 def main(argv=None) -> int:
@@ -410,9 +398,7 @@ def main(argv=None) -> int:
               "vision stage are redone on the next run", file=sys.stderr)
         return 130
     if args.init_from is not None and not (args.resume and checkpoint_path.exists()):
-        tower = {k: v.clone() for k, v in model.model.vision_tower.state_dict().items()}
         _warm_start(model, args.init_from)
-        model.model.vision_tower.load_state_dict(tower)   # the tower of stage 0, tuned or taken
     windows = validation_windows(streams)
     use_probe_attention(model)
     model.model.vision_tower.requires_grad_(False)
@@ -481,7 +467,8 @@ def main(argv=None) -> int:
     record = {"vision_pretraining": vision_accuracy, "stage_seconds": stage_seconds,
               "train_seconds": round(time.perf_counter() - started, 1),
               "language_model_seconds": round(state["seconds"], 1),
-              "steps": args.steps, "long_steps": args.long_steps, "long_lr": args.long_lr, "streams": args.streams, "stream_seconds": args.stream_seconds,
+              "steps": args.steps, "long_steps": args.long_steps, "long_lr": args.long_lr,
+              "streams": args.streams, "stream_seconds": args.stream_seconds,
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
               "frame_target_weight": args.frame_target_weight, "retrieval_weight": args.retrieval_weight,
               "side_questions": args.side_questions,
