@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from infmllm_ros.tiny_model.train import _cycle, learning_rate, parse_args
+
 TINY = ["--streams", "1", "--stream-seconds", "70", "--validation-streams", "1", "--vision-steps", "5",
         "--vision-episodes", "4", "--short-streams", "0", "--validation-short-streams", "0",
         "--validate-every", "4", "--threads", "1", "--render-workers", "1", "--long-steps", "0"]
@@ -34,6 +36,11 @@ def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     record = json.loads((out / "training.json").read_text())
     assert [row["step"] for row in record["validation"]] == [4, 6, 8]   # every 4, and at the end of each phase
     assert record["long_steps"] == 2
+    # the rate each phase ran at: its own cycle, peaking at --lr, then at --long-lr
+    args = parse_args([*TINY, "--steps", "6", "--long-steps", "2"])
+    for row in record["validation"]:
+        assert row["lr"] == pytest.approx(learning_rate(row["step"], args))
+    assert learning_rate(6, args) == pytest.approx(args.long_lr * _cycle(0, 2)) and args.long_lr != args.lr
     assert {"current", "recent", "long", "distant", "loss"} <= set(record["validation"][-1])
     assert record["retrieval_weight"] == 0.5 and "recent_mass" in record["validation"][-1]
     assert '"_attn_implementation"' not in (out / "config.json").read_text()   # the training probe stays in training

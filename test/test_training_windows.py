@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from infmllm_ros.synthetic import corpus_text, generate_episode, generate_questions
@@ -63,8 +64,8 @@ def test_scattered_sequences_keep_stream_positions_and_ask_distant_questions():
 
 def test_the_long_phase_draws_mostly_scattered_windows_and_each_phase_has_its_cycle(monkeypatch):
     """One command trains both phases: scattered windows only after --steps (when the first phase
-    has none), at LONG_PHASE_MIX's share; each phase's learning-rate cycle has the same shape (the
-    long phase's scaling to --long-lr, in main, is not tested here)."""
+    has none), at LONG_PHASE_MIX's share; each phase's learning-rate cycle has the same shape and
+    peaks at its own flag (the rates a run used are checked in test_training.py)."""
     from argparse import Namespace
 
     from infmllm_ros.tiny_model import train
@@ -89,3 +90,7 @@ def test_the_long_phase_draws_mostly_scattered_windows_and_each_phase_has_its_cy
     # each phase's cycle: linear warm-up over a 40th of its steps, then cosine down to a tenth
     assert abs(train._cycle(0, 400) - 0.1) < 0.01 and train._cycle(9, 400) > 0.99
     assert abs(train._cycle(400, 400) - 0.1) < 1e-9
+    # each phase peaks at its own flag: a frozen first phase leaves the long phase its rate
+    frozen = train.parse_args(["--lr", "0", "--steps", "400", "--long-steps", "400", "--long-lr", "1e-4"])
+    assert train.learning_rate(399, frozen) == 0.0
+    assert train.learning_rate(400 + 9, frozen) == pytest.approx(1e-4 * train._cycle(9, 400))

@@ -377,6 +377,14 @@ def _cycle(step: int, steps: int) -> float:
     return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * cosine)
 
 
+def learning_rate(step: int, args) -> float:
+    """The rate at optimizer step `step`: the first phase's cycle peaks at --lr, the long phase's at
+    --long-lr (each its own flag: `--lr 0` freezes the first phase only)."""
+    if step < args.steps:
+        return args.lr * _cycle(step, args.steps)
+    return args.long_lr * _cycle(step - args.steps, args.long_steps)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     check_writable(args.out)
@@ -403,11 +411,10 @@ def main(argv=None) -> int:
     use_probe_attention(model)
     model.model.vision_tower.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    # base rate 1, so the scheduler's factor is the rate itself (learning_rate), phase by phase
+    optimizer = torch.optim.AdamW(trainable, lr=1.0, weight_decay=0.01, betas=(0.9, 0.98))
     total_steps = args.steps + args.long_steps
-    long_scale = args.long_lr / args.lr if args.lr else 0.0
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (
-        _cycle(step, args.steps) if step < args.steps else long_scale * _cycle(step - args.steps, args.long_steps)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate(step, args))
     sampler = random.Random(args.seed)
     state = {"step": 0, "history": [], "smoothed": None, "seconds": 0.0}
     if args.resume and checkpoint_path.exists():
@@ -451,7 +458,8 @@ def main(argv=None) -> int:
             state["step"] = step + 1
             if state["step"] % args.validate_every == 0 or state["step"] in (args.steps, total_steps):
                 accuracy = teacher_forced_accuracy(model, windows, tokenizer)
-                state["history"].append({"step": state["step"], "loss": state["smoothed"], **accuracy})
+                state["history"].append({"step": state["step"], "loss": state["smoothed"],
+                                         "lr": optimizer.param_groups[0]["lr"], **accuracy})
                 tqdm.write(f"step {state['step']}: loss {state['smoothed']:.3f} "
                            + " ".join(f"{k} {v:.2f}" for k, v in accuracy.items()), file=sys.stdout)
             if time.perf_counter() - last_save > 60 * args.checkpoint_minutes:
