@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 BUDGET, CHUNK = 512, 64
 
@@ -137,6 +138,9 @@ def test_realsize_quick_builds_real_shaped_models_and_measures_every_cell(tmp_pa
     for cell in cells:
         # decode_ms is timed, never asserted (generate()'s is a difference of two timings)
         assert cell["floor_ms"] > 0 and math.isfinite(cell["decode_ms"])
+        # generate() is what a user runs: transformers' SDPA, not the scoring attention the
+        # infmllm session sharing the model left set
+        assert cell["attention"] == {"generate": "sdpa", "full": "sdpa", "infmllm": "infmllm_scoring"}[cell["runner"]]
         chunk = max(summaries[(cell["model"], cell["mode"])]["frame_tokens"], 64)   # auto: one frame, >= 64
         if cell["runner"] == "infmllm":   # the bounded cache holds at most budget + one chunk
             assert cell["cache_tokens"] <= QUICK_SIZE.budget + chunk
@@ -147,3 +151,11 @@ def test_realsize_quick_builds_real_shaped_models_and_measures_every_cell(tmp_pa
         bounded, full = ([c for c in cells if c["model"] == name and c["runner"] == runner and c["context"] == longest]
                          for runner in ("infmllm", "full"))
         assert all(b["kv_mb"] < 0.7 * f["kv_mb"] for b, f in zip(bounded, full))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("module", ["infmllm_ros.benchmarks.gpu", "infmllm_ros.testing.gpu_check"])
+def test_the_gpu_scripts_say_why_they_cannot_run_without_cuda(module):
+    done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "CUDA is not available" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr

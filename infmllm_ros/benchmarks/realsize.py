@@ -30,12 +30,16 @@ from tqdm import tqdm
 
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 
-from .measure import decode_timings, in_child, rss_mb
+from .measure import decode_timings, gpu_peak_mb, in_child, rss_mb
 from .quant import model_megabytes, tensor_bytes
 from .scale import stream_frames
 
 QUESTION = "what is in view ?"
-MODES = ("none", "cpu-int8")
+#: quantization modes: name -> the session settings that make it (the CPU's two by default)
+MODES = {"none": {"quantization": "none"}, "cpu-int8": {"quantization": "cpu-int8"}}
+#: the same measurements on a CUDA device (benchmarks/gpu.py): bf16 weights, and bitsandbytes nf4
+CUDA_MODES = {"bf16": {"device": "cuda", "dtype": "bfloat16", "quantization": "none"},
+              "nf4": {"device": "cuda", "dtype": "bfloat16", "quantization": "nf4"}}
 RUNNERS = ("full", "infmllm", "generate")
 HOUR_FRAMES = 3600   # a simulated hour at 1 frame/s
 WARMUP_STEPS = 2     # decoding steps run and not timed before each cell (first-call allocations)
@@ -136,21 +140,30 @@ def model_directory(name: str, cache_dir: Path, quick: bool) -> Path:
     return directory
 
 
-def memory_bandwidth(megabytes: int = 1024, repeats: int = 5) -> dict:
-    """The machine's memory bandwidth in GB/s with torch's threads: reading (a sum over a buffer
-    far larger than any cache: what a decoding step does to its weights) and copying."""
-    source = torch.ones(megabytes * 2**20 // 4)
+def memory_bandwidth(megabytes: int = 1024, repeats: int = 5, device: str = "cpu") -> dict:
+    """The memory bandwidth in GB/s of `device` (the host's with torch's threads, or a GPU's):
+    reading (a sum over a buffer far larger than any cache: what a decoding step does to its
+    weights) and copying."""
+    source = torch.ones(megabytes * 2**20 // 4, device=device)
     target = torch.empty_like(source)
-    read, copy = [], []
-    for _ in range(repeats):
+
+    def seconds(operation) -> float:
+        _synchronize(device)
         started = time.perf_counter()
-        source.sum()
-        read.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        target.copy_(source)
-        copy.append(time.perf_counter() - started)
+        operation()
+        _synchronize(device)
+        return time.perf_counter() - started
+
+    read = [seconds(source.sum) for _ in range(repeats)]
+    copy = [seconds(lambda: target.copy_(source)) for _ in range(repeats)]
     size = source.numel() * 4
-    return {"read_gbs": size / min(read) / 1e9, "copy_gbs": 2 * size / min(copy) / 1e9, "buffer_mb": megabytes}
+    return {"read_gbs": size / min(read) / 1e9, "copy_gbs": 2 * size / min(copy) / 1e9, "buffer_mb": megabytes,
+            "device": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"}
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def decode_weight_bytes(model) -> int:
@@ -175,6 +188,7 @@ def fill_session(session: StreamingSession, tokens: int, piece: int) -> None:
     the session's cache in pieces, through the cache's own verbs (eviction and re-indexing run
     as in a stream), without running the model."""
     layers, heads, head_dim, dtype = kv_shape(session.model)
+    device = session.device
     token = torch.tensor([[session.tokenizer.pad_token_id or 0]])
     for start in range(0, tokens, piece):
         count = min(piece, tokens - start)
@@ -184,9 +198,9 @@ def fill_session(session: StreamingSession, tokens: int, piece: int) -> None:
         session._segment = int(layout.segments.max()) + 1
         session.cache.expect(layout)
         for index, layer in enumerate(session.cache.layers):
-            layer.update(torch.randn(1, heads, count, head_dim, dtype=dtype),
-                         torch.randn(1, heads, count, head_dim, dtype=dtype))
-            session.cache.add_attention_mass(index, torch.rand(heads, layer.length))
+            layer.update(torch.randn(1, heads, count, head_dim, dtype=dtype, device=device),
+                         torch.randn(1, heads, count, head_dim, dtype=dtype, device=device))
+            session.cache.add_attention_mass(index, torch.rand(heads, layer.length, device=device))
         session.cache.next_position = int(positions.max()) + 1
 
 
@@ -194,10 +208,11 @@ def filled_dynamic_cache(model, tokens: int):
     """transformers' DynamicCache holding `tokens` right-shaped random keys and values."""
     from transformers import DynamicCache
     layers, heads, head_dim, dtype = kv_shape(model)
+    device = model.device
     cache = DynamicCache(config=model.config)
     for layer in range(layers):
-        cache.update(torch.randn(1, heads, tokens, head_dim, dtype=dtype),
-                     torch.randn(1, heads, tokens, head_dim, dtype=dtype), layer)
+        cache.update(torch.randn(1, heads, tokens, head_dim, dtype=dtype, device=device),
+                     torch.randn(1, heads, tokens, head_dim, dtype=dtype, device=device), layer)
     return cache
 
 
@@ -209,25 +224,32 @@ def kv_bytes(session: StreamingSession) -> int:
 
 def generate_ms_per_token(model, context: int, steps: int) -> float:
     """What a user would run instead: generate() on a DynamicCache holding `context` tokens,
-    greedy; per-token cost = (steps + 1 tokens - 1 token) / steps, so setup is not counted."""
-    ids = torch.full((1, context + 1), 5)
+    greedy, with transformers' SDPA attention; per-token cost = (steps + 1 tokens - 1 token) /
+    steps, so setup is not counted."""
+    # The sessions measured before share this model and leave their attention set (the scoring
+    # one for infmllm): without this, generate() would pay for attention mass nobody reads.
+    model.set_attn_implementation({"text_config": "sdpa", "vision_config": "sdpa"})
+    ids = torch.full((1, context + 1), 5, device=model.device)
     seconds = {}
     for new in (1, 1, steps + 1):   # the first call warms up (allocator, kernels) and is not kept
         cache = filled_dynamic_cache(model, context)
+        _synchronize(model.device)
         started = time.perf_counter()
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
                            max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        _synchronize(model.device)
         seconds[new] = time.perf_counter() - started
         del cache
     return 1000 * (seconds[steps + 1] - seconds[1]) / steps
 
 
-def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gbs: float) -> dict:
-    """Every figure of one model in one quantization mode (run in a child process)."""
+def measure_model(directory: str, name: str, mode: str, overrides: dict, size: Size, bandwidth_gbs: float) -> dict:
+    """Every figure of one model in one quantization mode (`overrides`: its session settings; run
+    in a child process)."""
     rss_start = rss_mb()
-    session = StreamingSession(SessionConfig(model_path=directory, quantization=mode, cache_policy="infmllm",
-                                             cache_budget=size.budget))
+    session = StreamingSession(SessionConfig(model_path=directory, cache_policy="infmllm", cache_budget=size.budget,
+                                             **overrides))
     model, processor = session.model, session.processor
     steps = size.steps or session.policy.chunk
     weight_bytes = decode_weight_bytes(model)
@@ -250,8 +272,9 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
                 held = 2 * layers * heads * head_dim * context * dtype.itemsize
                 cell["kv_mb"] = held / 2**20
             else:
-                policy = StreamingSession(SessionConfig(model_path=directory, quantization=mode, cache_policy=runner,
-                                                        cache_budget=size.budget), model=model, processor=processor)
+                policy = StreamingSession(SessionConfig(model_path=directory, cache_policy=runner,
+                                                        cache_budget=size.budget, **overrides),
+                                          model=model, processor=processor)
                 fill_session(policy, context, piece=policy.policy.chunk if runner != "full" else 512)
                 decode_timings(policy, WARMUP_STEPS)
                 if size.steps is None and runner != "full" and context > size.budget:
@@ -266,10 +289,12 @@ def measure_model(directory: str, name: str, mode: str, size: Size, bandwidth_gb
                             cache_tokens=policy.cache_tokens, kv_mb=held / 2**20,
                             reserved_mb=policy.cache_bytes / 2**20)
                 del policy
+            cell["attention"] = model.config.get_text_config()._attn_implementation   # what the step ran
             floor_bytes = weight_bytes + held
             cell["floor_ms"] = 1000 * floor_bytes / (bandwidth_gbs * 1e9)
             cell["of_floor_pct"] = 100 * cell["floor_ms"] / cell["decode_ms"]
             cell["rss_mb"] = rss_mb()
+            cell["gpu_peak_mb"] = gpu_peak_mb(session)
             cells.append(cell)
     summary.update(hour_kv(cells, size, session.frame_tokens))
     return {"summary": summary, "cells": cells}
@@ -312,17 +337,20 @@ def needed_mb(directory: Path, size: Size) -> float:
 
 
 def run_realsize(cache_dir: Path, size: Size, models=tuple(MODELS), modes=MODES) -> dict:
-    bandwidth = memory_bandwidth(256 if size.quick else 1024)
+    """Every model in every mode; the floor is the bandwidth of the memory the weights sit in (the
+    GPU's when the modes run on CUDA)."""
+    device = next(iter(modes.values())).get("device", "cpu")
+    bandwidth = memory_bandwidth(256 if size.quick else 1024, device=device)
     summaries, cells = [], []
     for name in tqdm(models, desc="realsize models", unit="model"):
         directory = model_directory(name, cache_dir / "realsize", size.quick)
-        for mode in modes:
+        for mode, overrides in modes.items():
             need, have = needed_mb(directory, size), available_mb()
-            if need > have:
+            if device == "cpu" and need > have:   # host memory; a GPU's 80 GB holds these models
                 summaries.append({"model": name, "mode": mode,
                                   "skipped": f"needs ~{need:,.0f} MB, {have:,.0f} MB available"})
                 continue
-            result = in_child(measure_model, str(directory), name, mode, size, bandwidth["read_gbs"])
+            result = in_child(measure_model, str(directory), name, mode, overrides, size, bandwidth["read_gbs"])
             summaries.append(result["summary"])
             cells += result["cells"]
     return {"bandwidth": bandwidth, "summaries": summaries, "cells": cells}
