@@ -199,13 +199,18 @@ def main(argv=None) -> int:
                         help="diagnostic: distant questions only, each asked of a stream cut to its evidence "
                              "frames and the last TAIL frames")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument("--quantization", default="auto", help="none, nf4, int8, cpu-int8 or auto")
     args = parser.parse_args(argv)
     if args.first_seed + args.episodes > 90_000:
         parser.error("seeds from 90,000 up are validation/training episodes")
 
     try:
         session = StreamingSession(SessionConfig(model_path=args.model_path, cache_policy=args.policy,
-                                                 cache_budget=args.budget, recent_window=args.recent))
+                                                 cache_budget=args.budget, recent_window=args.recent,
+                                                 device=args.device, dtype=args.dtype,
+                                                 quantization=args.quantization))
         check_evaluable(session, resolve_model_path(args.model_path))
     except (ModelLoadError, NotEvaluable) as error:
         print(f"infmllm-eval: {error}", file=sys.stderr)
@@ -219,7 +224,8 @@ def main(argv=None) -> int:
             evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
     accuracy = result.accuracy()
     if args.json:
-        json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes,
+        json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes, "device": args.device,
+                   "dtype": args.dtype, "quantization": args.quantization,
                    "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy,
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
                    "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)

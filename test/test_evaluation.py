@@ -7,15 +7,17 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from infmllm_ros.evaluation import wilson_interval
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.tiny_model.architecture import train_tokenizer
 
 
-def evaluate(model_dir) -> subprocess.CompletedProcess:
+def evaluate(model_dir, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "infmllm_ros.evaluation", "--model-path", str(model_dir),
-                           "--episodes", "1", "--duration", "8"], capture_output=True, text=True, timeout=180)
+                           "--episodes", "1", "--duration", "8", *options], capture_output=True, text=True,
+                          timeout=180)
 
 
 def one_line_refusal(done: subprocess.CompletedProcess, *words: str) -> None:
@@ -40,6 +42,11 @@ def test_model_with_another_tokenizer_is_refused_in_one_line(tmp_path):
 
 def test_missing_model_directory_is_refused_in_one_line(tmp_path):
     one_line_refusal(evaluate(tmp_path / "nowhere"), "not a directory")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_device_the_machine_lacks_is_refused_in_one_line():
+    one_line_refusal(evaluate(embedded_model_path(), "--device", "cuda", "--quantization", "nf4"), "CUDA")
 
 
 def test_wilson_interval_contains_the_rate_and_narrows_with_more_questions():

@@ -145,6 +145,8 @@ class StreamingSession:
             raise ValueError(f"one frame is {count} tokens, more than the eviction chunk ({self.policy.chunk}); "
                              "raise eviction_chunk or lower the image resolution")
         evicted = self._forward(inputs)[1]
+        if self.device.type == "cuda":   # the frame's time is its kernels' time, not their queueing
+            torch.cuda.synchronize(self.device)
         self.frames_seen += 1
         self.newest_frame_stamp = stamp
         return StepTiming(tokens=count, seconds=time.perf_counter() - start, evicted=evicted)
