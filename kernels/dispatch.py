@@ -46,9 +46,9 @@ def is_streaming_causal(mask: torch.Tensor | None, q_len: int, k_len: int) -> bo
     return bool(torch.equal(mask[0, 0], expected))
 
 
-def attention_with_key_mass(query, key, value, mask, scaling, key_bias=None):
+def attention_with_key_mass(query, key, value, mask, scaling):
     """Attention output (B, Q, Hq, D) and per-key mass (B, Hkv, K); see reference.py for the contract."""
     if active_kernel(query.device) == "triton" and is_streaming_causal(mask, query.shape[2], key.shape[2]):
         from .triton_attention import attention_with_key_mass_triton
-        return attention_with_key_mass_triton(query, key, value, scaling, key_bias)
-    return attention_with_key_mass_reference(query, key, value, mask, scaling, key_bias)
+        return attention_with_key_mass_triton(query, key, value, scaling)
+    return attention_with_key_mass_reference(query, key, value, mask, scaling)

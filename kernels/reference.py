@@ -16,7 +16,6 @@ def attention_with_key_mass_reference(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     scaling: float,
-    key_bias: torch.Tensor | None = None,
     query_block: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention with grouped-query heads, plus the attention each key received.
@@ -24,7 +23,6 @@ def attention_with_key_mass_reference(
     query: (B, Hq, Q, D); key, value: (B, Hkv, K, D) with Hq a multiple of Hkv (GQA, not repeated).
     mask: bool (B or 1, 1, Q, K), True = may attend; None means causal with the Q queries being the
         last Q positions of the K keys (a chunk appended to a cache).
-    key_bias: optional additive logit bias per key, (B, Hkv, K) — the Inf-MLLM attention bias.
     Returns out (B, Q, Hq, D) (transformers' attention-output layout) and mass (B, Hkv, K) in
     float32: attention probabilities summed over the Q queries and the query heads of each group.
     """
@@ -37,8 +35,6 @@ def attention_with_key_mass_reference(
     for start in range(0, q_len, query_block):
         stop = min(start + query_block, q_len)
         logits = torch.einsum("bhgqd,bhkd->bhgqk", grouped[:, :, :, start:stop].float(), key.float()) * scaling
-        if key_bias is not None:
-            logits = logits + key_bias.float()[:, :, None, None, :]
         allowed = _allowed(mask, start, stop, q_len, k_len, query.device)
         logits = logits.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a fully masked row attends nowhere

@@ -17,32 +17,27 @@ import triton.language as tl
 
 
 @triton.jit
-def _masked_logits(q, key_base, Bias, cols, dims, row_ok, dim_ok, query_position, batch, head,
-                   stride_kn, stride_kd, stride_bb, stride_bh, stride_bn, k_len, scale,
-                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """Scaled, biased, masked logits of a query-row block against one block of keys (both passes)."""
+def _masked_logits(q, key_base, cols, dims, row_ok, dim_ok, query_position, stride_kn, stride_kd, k_len, scale,
+                   PRECISION: tl.constexpr):
+    """Scaled, masked logits of a query-row block against one block of keys (both passes)."""
     col_ok = cols < k_len
     k = tl.load(key_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd,
                 mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
     logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    if HAS_BIAS:
-        bias = tl.load(Bias + batch * stride_bb + head * stride_bh + cols * stride_bn, mask=col_ok, other=0.0)
-        logits += bias[None, :].to(tl.float32)
     allowed = row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= query_position[:, None])
     return tl.where(allowed, logits, float("-inf")), col_ok
 
 
 @triton.jit
 def _attention_with_key_mass_kernel(
-    Q, K, V, Bias, Out, Mass,
+    Q, K, V, Out, Mass,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    stride_bb, stride_bh, stride_bn,
     stride_mb, stride_mh, stride_mn,
     kv_heads, q_len, k_len, head_dim, group, scale,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     row_block = tl.program_id(0)
@@ -68,9 +63,8 @@ def _attention_with_key_mass_kernel(
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     for start in range(0, k_len, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        logits, _ = _masked_logits(q, key_base, Bias, cols, dims, row_ok, dim_ok, query_position, batch, head,
-                                   stride_kn, stride_kd, stride_bb, stride_bh, stride_bn, k_len, scale,
-                                   HAS_BIAS, PRECISION)
+        logits, _ = _masked_logits(q, key_base, cols, dims, row_ok, dim_ok, query_position, stride_kn, stride_kd,
+                                   k_len, scale, PRECISION)
         new_max = tl.maximum(row_max, tl.max(logits, 1))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         row_sum = row_sum * tl.exp(row_max - safe_max) + tl.sum(tl.exp(logits - safe_max[:, None]), 1)
@@ -82,9 +76,8 @@ def _attention_with_key_mass_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, k_len, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        logits, col_ok = _masked_logits(q, key_base, Bias, cols, dims, row_ok, dim_ok, query_position, batch, head,
-                                        stride_kn, stride_kd, stride_bb, stride_bh, stride_bn, k_len, scale,
-                                        HAS_BIAS, PRECISION)
+        logits, col_ok = _masked_logits(q, key_base, cols, dims, row_ok, dim_ok, query_position, stride_kn,
+                                        stride_kd, k_len, scale, PRECISION)
         v = tl.load(value_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
         probs = tl.where(logits > float("-inf"), tl.exp(logits - safe_max[:, None]) * inverse_sum[:, None], 0.0)
@@ -96,7 +89,7 @@ def _attention_with_key_mass_kernel(
 
 
 def attention_with_key_mass_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
-                                   key_bias: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64,
+                                   block_m: int = 64, block_n: int = 64,
                                    out: torch.Tensor | None = None, mass: torch.Tensor | None = None):
     """Same contract as the torch reference with mask=None (the streaming-chunk causal mask).
 
@@ -108,15 +101,14 @@ def attention_with_key_mass_triton(query: torch.Tensor, key: torch.Tensor, value
     group = q_heads // kv_heads
     out = torch.empty_like(query) if out is None else out
     mass = torch.zeros(batch, kv_heads, k_len, dtype=torch.float32, device=query.device) if mass is None else mass
-    bias = key_bias if key_bias is not None else mass  # any tensor: unused when HAS_BIAS is False
     block_d = max(16, triton.next_power_of_2(head_dim))
     grid = (triton.cdiv(group * q_len, block_m), batch * kv_heads)
     _attention_with_key_mass_kernel[grid](
-        query, key, value, bias, out, mass,
+        query, key, value, out, mass,
         *query.stride(), *key.stride(), *value.stride(), *out.stride(),
-        *bias.stride(), *mass.stride(),
+        *mass.stride(),
         kv_heads, q_len, k_len, head_dim, group, float(scaling),
-        HAS_BIAS=key_bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )
     return out.transpose(1, 2).contiguous(), mass

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infmllm_ros.engine.policies import (AttentionSaddles, FullCache, HeavyHitters, StreamingWindow,
-                                         make_policy)
+from infmllm_ros.engine.policies import (AttentionSaddles, FullCache, HeavyHitters, StreamingWindow, make_policy,
+                                         policy_settings)
 
 
 def brute_force_keep(scores: list[float], length: int, budget: int, sink: int, recent: int) -> set[int]:
@@ -107,3 +107,17 @@ def test_invalid_settings_are_rejected(settings):
 def test_unknown_policy_names_the_choices():
     with pytest.raises(ValueError, match="streaming"):
         make_policy("lru")
+
+
+def test_a_policy_takes_only_the_settings_it_has():
+    """Each policy's dataclass fields are its settings: one it lacks is refused, never overwritten."""
+    with pytest.raises(ValueError, match="sink"):
+        make_policy("streaming", budget=12, recent=8)   # the window is budget - sink, not a setting
+    with pytest.raises(ValueError, match="recent"):
+        make_policy("full", recent=8)
+    assert make_policy("streaming", budget=12, sink=2).kept_recent == 10
+    assert HeavyHitters(budget=16, recent=5).kept_sink == 0
+    offered = dict(budget=64, chunk=8, recent=16, sink=2, attention_bias=0.5)
+    assert policy_settings("h2o", offered) == dict(budget=64, chunk=8, recent=16)
+    assert policy_settings("streaming", offered) == dict(budget=64, chunk=8, sink=2)
+    assert policy_settings("infmllm", offered) == offered

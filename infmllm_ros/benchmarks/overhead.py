@@ -37,7 +37,7 @@ def step_costs(model_path, config: str, frames: list, decode_steps: int, budget:
     frame_evict_s = session.cache.eviction_seconds
     if config.endswith("per-token"):
         # Evict one token per step from here on (H2O's schedule); frames need a chunk of >= 17.
-        session.policy = session.cache.policy = dataclasses.replace(session.policy, chunk=1)
+        session.cache.policy = dataclasses.replace(session.policy, chunk=1)
     evict_before = session.cache.eviction_seconds
     timings = decode_timings(session, decode_steps)
     decode_evict_s = session.cache.eviction_seconds - evict_before

@@ -192,16 +192,11 @@ def fill_session(session: StreamingSession, tokens: int, piece: int) -> None:
     token = torch.tensor([[session.tokenizer.pad_token_id or 0]])
     for start in range(0, tokens, piece):
         count = min(piece, tokens - start)
-        session.cache.make_room(count)
-        layout, positions = session.positions.layout({"input_ids": token.expand(1, count)},
-                                                     session.cache.next_position, session._segment)
-        session._segment = int(layout.segments.max()) + 1
-        session.cache.expect(layout)
+        session.cache.admit({"input_ids": token.expand(1, count)})
         for index, layer in enumerate(session.cache.layers):
             layer.update(torch.randn(1, heads, count, head_dim, dtype=dtype, device=device),
                          torch.randn(1, heads, count, head_dim, dtype=dtype, device=device))
             session.cache.add_attention_mass(index, torch.rand(heads, layer.length, device=device))
-        session.cache.next_position = int(positions.max()) + 1
 
 
 def filled_dynamic_cache(model, tokens: int):

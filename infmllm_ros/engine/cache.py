@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .policies import CachePolicy
+from .recall import RecallStore, StoredFrame
 from .rope import packed_positions, shift_rotated_keys
 
 
@@ -90,7 +91,7 @@ class BoundedLayer(DynamicLayer):
         if key_states.shape[0] != 1:
             raise ValueError("a streaming cache holds one stream (batch size 1)")
         if self.pending is None or self.pending.segments.numel() != key_states.shape[-2]:
-            raise RuntimeError("BoundedCache.expect(layout) must describe every forward's new tokens")
+            raise RuntimeError("BoundedCache.admit(inputs) must come before every forward")
         heads = key_states.shape[1]
         layout, self.pending = self.pending, None
         new_positions = layout.positions.to(key_states.device).expand(heads, -1, -1)
@@ -148,19 +149,30 @@ class BoundedLayer(DynamicLayer):
 
 
 class BoundedCache(Cache):
-    """All layers of one stream under one policy.
+    """All layers of one stream under one policy, and the positions of what they hold.
+
+    One verb per forward: `admit(inputs)` before it (evicts if the policy says so, then lays out
+    the new tokens after the cached ones and returns their position ids); the forward's
+    `update()` calls then append what was admitted.
 
     All layers always hold the same number of tokens (per KV head): transformers builds one mask
     from layer 0's size for every layer, and the policies keep exactly `budget` tokens.
     """
 
-    def __init__(self, num_layers: int, policy: CachePolicy, inv_freq: torch.Tensor) -> None:
+    def __init__(self, num_layers: int, policy: CachePolicy, inv_freq: torch.Tensor, positions,
+                 store: RecallStore | None = None) -> None:
+        """`positions`: the model's position scheme (adapters.positions_for): 1-D RoPE or M-RoPE.
+        `store`: where whole frames go the first time an eviction takes any of their tokens."""
         capacity = policy.max_length if policy.max_length != float("inf") else None
         super().__init__(layers=[BoundedLayer(capacity) for _ in range(num_layers)])
         self.policy = policy
         self.inv_freq = inv_freq
-        self.next_position = 0
+        self.positions = positions
+        self.next_position = 0   # the position the next admitted token starts from
+        self.next_segment = 0    # segments: runs of tokens that move together when re-indexed
         self.tokens_seen = 0
+        self.store = store
+        self.unstored_frames: list[tuple[int, int, float | None]] = []   # (first token, end, stamp)
         self.evictions = 0
         self.eviction_seconds = 0.0   # time spent choosing survivors and re-indexing (benchmarks)
 
@@ -168,8 +180,21 @@ class BoundedCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
-    def expect(self, layout: ChunkLayout) -> None:
-        """Announce the positions/segments of the tokens the next forward appends."""
+    def admit(self, inputs: dict, frame: bool = False, stamp: float | None = None) -> tuple[torch.Tensor, bool]:
+        """Make room for the forward that appends `inputs` (evicting and re-indexing if the policy
+        says so) and lay out its tokens after the cached ones: (position ids for the model, evicted).
+        `frame`: these tokens are one camera frame (taken at `stamp`), stored whole when evicted."""
+        evicted = self.make_room(inputs["input_ids"].shape[-1])
+        if frame and self.store is not None:
+            self.unstored_frames.append((self.tokens_seen, self.tokens_seen + inputs["input_ids"].shape[-1], stamp))
+        layout, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
+        self.next_segment = int(layout.segments.max()) + 1
+        self._expect(layout)
+        self.next_position = int(position_ids.max()) + 1
+        return position_ids, evicted
+
+    def _expect(self, layout: ChunkLayout) -> None:
+        """Hand every layer the positions/segments of the tokens the next forward appends."""
         count = layout.segments.numel()
         layout.token_index = torch.arange(self.tokens_seen, self.tokens_seen + count)
         self.tokens_seen += count
@@ -188,14 +213,52 @@ class BoundedCache(Cache):
         if incoming > self.policy.chunk:
             raise ValueError(f"a forward of {incoming} tokens exceeds the eviction chunk ({self.policy.chunk})")
         started = time.perf_counter()
-        for layer in self.layers:
-            keep = self.policy.keep_indices(layer.attention_mass, layer.length, layer.keys.shape[1])
+        keeps = [self.policy.keep_indices(layer.attention_mass, layer.length, layer.keys.shape[1])
+                 for layer in self.layers]
+        if self.store is not None and self.unstored_frames:
+            self._store_frames_leaving(keeps)
+        for layer, keep in zip(self.layers, keeps):
             layer.keep(keep)
             layer.attention_mass = self.policy.after_eviction(layer.attention_mass)
         self._reindex()
         self.evictions += 1
         self.eviction_seconds += time.perf_counter() - started
         return True
+
+    def _store_frames_leaving(self, keeps: list[torch.Tensor]) -> None:
+        """Hand the store every frame this eviction takes tokens of, whole, before any is lost.
+
+        A frame is stored the first time an eviction touches it, so until then every layer and
+        head still holds all of its tokens (each layer and head evicts on its own)."""
+        dropped = []
+        for layer, keep in zip(self.layers, keeps):
+            kept = torch.zeros_like(layer.token_index, dtype=torch.bool)
+            kept.scatter_(1, keep.to(kept.device), True)
+            dropped.append(layer.token_index[~kept])
+        dropped = torch.cat(dropped).unique()
+        staying = []
+        for first, end, stamp in self.unstored_frames:
+            if bool(((dropped >= first) & (dropped < end)).any()):
+                self.store.add(self._whole_frame(first, end, stamp))
+            else:
+                staying.append((first, end, stamp))
+        self.unstored_frames = staying
+
+    def _whole_frame(self, first: int, end: int, stamp: float | None) -> StoredFrame:
+        """Every layer's keys (turned back so the frame starts at position 0) and values of the
+        stream tokens [first, end), which every layer and head still holds."""
+        keys, values, relative = [], [], None
+        for layer in self.layers:
+            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
+            inside = (layer.token_index >= first) & (layer.token_index < end)
+            slots = inside.nonzero()[:, 1].view(heads, end - first)      # per head, in stream order
+            positions = layer.positions.gather(1, slots[..., None].expand(-1, -1, 3))
+            base = positions.amin(dim=(1, 2))                                  # per head: the frame's start
+            gathered = layer.keys[0].gather(1, slots[..., None].expand(-1, -1, dim))
+            keys.append(shift_rotated_keys(gathered, -base[:, None].expand(-1, end - first), self.inv_freq))
+            values.append(layer.values[0].gather(1, slots[..., None].expand(-1, -1, layer.values.shape[-1])))
+            relative = positions[0] - base[0] if relative is None else relative
+        return StoredFrame(stamp=stamp, first_token=first, keys=keys, values=values, positions=relative)
 
     def _reindex(self) -> None:
         """StreamingLLM-style positions: pack each head's tokens, align all heads on the newest.

@@ -20,7 +20,7 @@ from .adapters import PromptFormat, positions_for
 from .attention import SCORING_ATTENTION, collecting_attention_mass
 from .cache import BoundedCache
 from .loading import load_model_and_processor, resolve_model_path
-from .policies import make_policy, policy_class
+from .policies import AttentionSaddles, CachePolicy, make_policy, policy_class, policy_settings
 
 
 AUTO = 0
@@ -45,8 +45,9 @@ class SessionConfig:
     cache_budget: int = AUTO           # tokens per layer after an eviction
     recent_window: int = AUTO          # newest tokens always kept (infmllm, h2o)
     eviction_chunk: int = AUTO         # cache may exceed the budget by this much before evicting
-    sink_tokens: int = 4               # first tokens always kept (streaming, infmllm)
-    attention_bias: float = 0.2        # infmllm: share of saddle evidence forgotten per eviction
+    # the two below default to the policy's own defaults (one place: policies/infmllm.py)
+    sink_tokens: int = AttentionSaddles.sink               # first tokens always kept (streaming, infmllm)
+    attention_bias: float = AttentionSaddles.attention_bias  # infmllm: saddle evidence forgotten per eviction
     max_new_tokens: int = 16
 
     def sized(self, frame_tokens: int) -> "SessionConfig":
@@ -60,15 +61,11 @@ class SessionConfig:
                              f"least {frame_tokens}, or to 0 to size the cache from the model")
         return replace(self, **sizes)
 
-    def policy_settings(self) -> dict:
-        settings = dict(budget=self.cache_budget, chunk=self.eviction_chunk)
-        if self.cache_policy in ("infmllm", "h2o"):
-            settings["recent"] = self.recent_window
-        if self.cache_policy in ("infmllm", "streaming"):
-            settings["sink"] = self.sink_tokens
-        if self.cache_policy == "infmllm":
-            settings["attention_bias"] = self.attention_bias
-        return settings
+    def make_policy(self) -> CachePolicy:
+        """The policy these settings name, given those of the settings it has."""
+        offered = dict(budget=self.cache_budget, chunk=self.eviction_chunk, recent=self.recent_window,
+                       sink=self.sink_tokens, attention_bias=self.attention_bias)
+        return make_policy(self.cache_policy, **policy_settings(self.cache_policy, offered))
 
 
 @dataclass
@@ -111,19 +108,22 @@ class StreamingSession:
         self.tokenizer = processor.tokenizer
         self.frame_tokens = self._tokens_per_frame()
         self.config = config.sized(self.frame_tokens)
-        self.policy = make_policy(self.config.cache_policy, **self.config.policy_settings())
         self.stop_ids = {self.tokenizer.eos_token_id} - {None}
         self.frames_seen = 0
         self.newest_frame_stamp: float | None = None
         self.last_answer: Answer | None = None
         self.reset()
 
+    @property
+    def policy(self) -> CachePolicy:
+        """The cache's policy (the cache owns it: one place to change it)."""
+        return self.cache.policy
+
     def reset(self) -> None:
         """Forget the stream: an empty cache, positions from zero."""
         text_model = self.model.get_decoder()
-        self.cache = BoundedCache(self.model.config.get_text_config().num_hidden_layers, self.policy,
-                                  text_model.rotary_emb.inv_freq.detach().clone())
-        self._segment = 0
+        self.cache = BoundedCache(self.model.config.get_text_config().num_hidden_layers, self.config.make_policy(),
+                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions)
         self.frames_seen = 0
         self.newest_frame_stamp = None
 
@@ -144,7 +144,7 @@ class StreamingSession:
         if count > self.policy.chunk and self.policy.name != "full":
             raise ValueError(f"one frame is {count} tokens, more than the eviction chunk ({self.policy.chunk}); "
                              "raise eviction_chunk or lower the image resolution")
-        evicted = self._forward(inputs)[1]
+        evicted = self._forward(inputs, frame_stamp=stamp, frame=True)[1]
         if self.device.type == "cuda":   # the frame's time is its kernels' time, not their queueing
             torch.cuda.synchronize(self.device)
         self.frames_seen += 1
@@ -175,17 +175,13 @@ class StreamingSession:
             raise ValueError("score_tokens takes a non-empty 1-D tensor of token ids")
         return self._forward({"input_ids": ids[None]}, every_position=True)[0]
 
-    def _forward(self, inputs: dict, every_position: bool = False) -> tuple[torch.Tensor, bool]:
-        count = inputs["input_ids"].shape[-1]
-        evicted = self.cache.make_room(count)
-        layout, position_ids = self.positions.layout(inputs, self.cache.next_position, self._segment)
-        self._segment = int(layout.segments.max()) + 1
-        self.cache.expect(layout)
+    def _forward(self, inputs: dict, every_position: bool = False, frame: bool = False,
+                 frame_stamp: float | None = None) -> tuple[torch.Tensor, bool]:
+        position_ids, evicted = self.cache.admit(inputs, frame=frame, stamp=frame_stamp)
         model_inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
         with torch.inference_mode(), collecting_attention_mass(self.cache):
             output = self.model(**model_inputs, position_ids=position_ids.to(self.device), cache=self.cache,
                                 use_cache=True, logits_to_keep=0 if every_position else 1)
-        self.cache.next_position = int(position_ids.max()) + 1
         return (output.logits[0] if every_position else output.logits[0, -1]), evicted
 
     # ---- asking ----------------------------------------------------------------------------

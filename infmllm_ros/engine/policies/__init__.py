@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from .base import CachePolicy
 from .full import FullCache
 from .h2o import HeavyHitters
@@ -23,8 +25,19 @@ def policy_class(name: str) -> type[CachePolicy]:
 
 def make_policy(name: str, **settings) -> CachePolicy:
     """Build a policy by name; unknown names and bad settings fail here, with the valid choices."""
-    return policy_class(name)(**settings)
+    cls = policy_class(name)
+    unknown = set(settings) - {field.name for field in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"policy {name!r} has no setting {sorted(unknown)}; its settings are "
+                         f"{[field.name for field in dataclasses.fields(cls)]}")
+    return cls(**settings)
+
+
+def policy_settings(name: str, offered: dict) -> dict:
+    """Of the settings `offered`, the ones policy `name` has (its dataclass fields)."""
+    fields = {field.name for field in dataclasses.fields(policy_class(name))}
+    return {key: value for key, value in offered.items() if key in fields}
 
 
 __all__ = ["CachePolicy", "FullCache", "StreamingWindow", "HeavyHitters", "AttentionSaddles",
-           "POLICIES", "make_policy", "policy_class", "local_sum"]
+           "POLICIES", "make_policy", "policy_class", "policy_settings", "local_sum"]

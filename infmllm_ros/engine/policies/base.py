@@ -15,19 +15,17 @@ import torch
 
 @dataclass
 class CachePolicy:
-    """Per-layer KV budget with amortised eviction.
+    """Per-layer KV budget with amortised eviction. A policy's dataclass fields are its settings
+    (`make_policy` passes each policy only the settings it has).
 
     budget: cached tokens per layer (per KV head) right after an eviction.
     chunk: how far past the budget the cache may grow before the next eviction; eviction is
-        amortised over `chunk` tokens, so the cache never holds more than budget + chunk.
-    sink: the first tokens of the stream, always kept (StreamingLLM's attention sinks).
-    recent: the newest tokens, always kept: their attention has barely been observed yet.
+        amortised over `chunk` tokens, so the cache never holds more than budget + chunk. It is
+        also the most tokens one forward appends.
     """
 
     budget: int = 1024
     chunk: int = 64
-    sink: int = 0
-    recent: int = 256
 
     name = "base"
     #: Whether the cache must collect per-key attention mass (scoring attention) for this policy.
@@ -36,11 +34,21 @@ class CachePolicy:
     def __post_init__(self) -> None:
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
-        if self.sink < 0 or self.recent < 0:
+        sink, recent = self.kept_sink, self.kept_recent
+        if sink < 0 or recent < 0:
             raise ValueError("sink and recent must be >= 0")
-        if self.budget < self.sink + self.recent:
-            raise ValueError(
-                f"budget ({self.budget}) must hold sink ({self.sink}) + recent ({self.recent}) tokens")
+        if self.budget < sink + recent:
+            raise ValueError(f"budget ({self.budget}) must hold sink ({sink}) + recent ({recent}) tokens")
+
+    @property
+    def kept_sink(self) -> int:
+        """The first tokens of the stream, always kept (StreamingLLM's attention sinks); none here."""
+        return 0
+
+    @property
+    def kept_recent(self) -> int:
+        """The newest tokens, always kept (their attention has barely been observed); none here."""
+        return 0
 
     @property
     def max_length(self) -> int:
@@ -75,8 +83,8 @@ class CachePolicy:
         if length <= self.budget:
             return torch.arange(length).expand(kv_heads, length)
         device = attention_mass.device if attention_mass is not None else None
-        sink = torch.arange(min(self.sink, length), device=device)
-        recent = torch.arange(max(length - self.recent, self.sink), length, device=device)
+        sink = torch.arange(min(self.kept_sink, length), device=device)
+        recent = torch.arange(max(length - self.kept_recent, self.kept_sink), length, device=device)
         free = self.budget - sink.numel() - recent.numel()
         candidates = torch.arange(sink.numel(), length - recent.numel(), device=device)
         score = self.importance(attention_mass, length, kv_heads)

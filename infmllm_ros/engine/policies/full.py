@@ -9,13 +9,10 @@ from .base import CachePolicy
 
 @dataclass
 class FullCache(CachePolicy):
-    """Keeps every token; memory grows with the stream. budget/chunk are ignored."""
+    """Keeps every token; memory grows with the stream. `budget` is unused; `chunk` is only the
+    most tokens one forward appends (long text is fed in pieces of it)."""
 
     name = "full"
-
-    def __post_init__(self) -> None:
-        self.sink = 0
-        self.recent = 0
 
     @property
     def max_length(self) -> float:

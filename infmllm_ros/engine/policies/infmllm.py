@@ -37,6 +37,14 @@ class AttentionSaddles(CachePolicy):
     name = "infmllm"
     needs_attention_mass = True
 
+    @property
+    def kept_sink(self) -> int:
+        return self.sink
+
+    @property
+    def kept_recent(self) -> int:
+        return self.recent
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pool < 1 or self.pool % 2 == 0:

@@ -9,12 +9,15 @@ from .base import CachePolicy
 
 @dataclass
 class StreamingWindow(CachePolicy):
-    """Sinks + the newest tokens. The base class keeps the newest candidates when no score is
-    given, so the window is simply everything after the sinks: recent = budget - sink."""
+    """Sinks + the newest tokens: everything after the sinks is the window (budget - sink)."""
 
     sink: int = 4
     name = "streaming"
 
-    def __post_init__(self) -> None:
-        self.recent = self.budget - self.sink
-        super().__post_init__()
+    @property
+    def kept_sink(self) -> int:
+        return self.sink
+
+    @property
+    def kept_recent(self) -> int:
+        return self.budget - self.sink
