@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from infmllm_ros.synthetic import corpus_text, generate_episode, generate_questions
+from infmllm_ros.synthetic.questions import Question
 from infmllm_ros.tiny_model.architecture import IMAGE_TOKENS, build_model, train_tokenizer
-from infmllm_ros.tiny_model.data import Window, build_sequence, side_candidates
+from infmllm_ros.tiny_model.data import Window, build_sequence, kind_balanced_sample, side_candidates
 from infmllm_ros.tiny_model.features import language_model_loss
 from infmllm_ros.tiny_model.streams import RenderedStream, frame_objects
 
@@ -68,3 +69,31 @@ def test_a_side_question_is_answered_as_if_asked_alone_after_its_frame():
         both = language_model_loss(model, sided, logits=True)[0]
         single = language_model_loss(model, alone, logits=True)[0]
     assert torch.allclose(both[first:end], single[first:end], atol=1e-4)
+
+
+def test_balanced_kinds_take_turns_while_a_kind_has_candidates():
+    """--balance-kinds: a kind with a third of the candidates is drawn as often as the other, until
+    it runs out; without it, draws follow the candidates' shares."""
+    def option(kind: str, number: int):
+        return (number, Question(t=float(number), family="distant", text=kind, answer="red", kind=kind))
+
+    options = [option("shape_of_colour_distant", n) for n in range(300)] + [
+        option("colour_of_shape_distant", n) for n in range(100)]
+    picked = kind_balanced_sample(options, 100, random.Random(0))
+    kinds = [question.kind for _, question in picked]
+    assert len(picked) == 100 and len(set(map(id, picked))) == 100
+    assert kinds.count("colour_of_shape_distant") == 50
+    few = options[:300] + options[300:310]
+    kinds = [question.kind for _, question in kind_balanced_sample(few, 100, random.Random(0))]
+    assert kinds.count("colour_of_shape_distant") == 10 and len(kinds) == 100
+    plain = [q.kind for _, q in random.Random(0).sample(options, 100)]
+    assert plain.count("colour_of_shape_distant") < 40
+
+
+def test_balanced_side_questions_are_the_same_questions_in_other_shares():
+    tokenizer = train_tokenizer(corpus_text(range(5)))
+    stream = labelled_stream()
+    window = Window([(0, len(stream.frame_times))])
+    sided = build_sequence(stream, window, tokenizer, side_questions=24, rng=random.Random(1), balance_kinds=True)
+    plain = build_sequence(stream, window, tokenizer, side_questions=24, rng=random.Random(1))
+    assert sided["families"] == plain["families"] and len(sided["side_families"]) >= 10

@@ -94,3 +94,16 @@ def test_the_long_phase_draws_mostly_scattered_windows_and_each_phase_has_its_cy
     frozen = train.parse_args(["--lr", "0", "--steps", "400", "--long-steps", "400", "--long-lr", "1e-4"])
     assert train.learning_rate(399, frozen) == 0.0
     assert train.learning_rate(400 + 9, frozen) == pytest.approx(1e-4 * train._cycle(9, 400))
+
+
+def test_validation_reads_distant_answers_from_several_scattered_windows_per_long_stream():
+    """One scattered window per stream held 12 distant questions over six streams; the validation
+    now draws SCATTERED_VALIDATION_WINDOWS per stream, different windows, the first the old one."""
+    from infmllm_ros.tiny_model import train
+    stream = _stream()
+    windows = train.validation_windows(train.Streams({"train": [], "validation": [stream]}))
+    scattered = [window for _, window in windows if len(window.segments) > 2]
+    assert len(scattered) == train.SCATTERED_VALIDATION_WINDOWS > 1
+    assert len({tuple(window.segments) for window in scattered}) == len(scattered)
+    first = sample_window(stream, random.Random(stream.seed), 128, scattered=True, offset_share=0.0)
+    assert scattered[0].segments == first.segments

@@ -147,9 +147,10 @@ class Window:
 
 
 def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targets: bool = False,
-                   side_questions: int = 0, rng: random.Random | None = None) -> dict:
+                   side_questions: int = 0, rng: random.Random | None = None, balance_kinds: bool = False) -> dict:
     """input_ids, labels, position_ids, features, families and (if asked) dense per-frame
-    targets of one window of a stream, with up to `side_questions` side questions."""
+    targets of one window of a stream, with up to `side_questions` side questions (memory ones
+    kind by kind in turn with `balance_kinds`)."""
     times = stream.frame_times
     shown = times[window.frames]
     writer = SequenceWriter(tokenizer, window.start_position)
@@ -157,7 +158,7 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
     last_current: dict[str, float] = {}
     pending = iter(stream.questions)
     question = next(pending, None)
-    side = _pick_side_questions(stream, window, shown, side_questions, rng) if side_questions else {}
+    side = _pick_side_questions(stream, window, shown, side_questions, rng, balance_kinds) if side_questions else {}
     written = 0   # frames already in the sequence
     for number, (start, end) in enumerate(window.segments):
         if number:
@@ -194,7 +195,8 @@ def side_candidates(stream: RenderedStream) -> list:
     return _CANDIDATES[key]
 
 
-def _pick_side_questions(stream, window: Window, shown, count: int, rng: random.Random) -> dict[int, list]:
+def _pick_side_questions(stream, window: Window, shown, count: int, rng: random.Random,
+                         balance_kinds: bool = False) -> dict[int, list]:
     """About `count` side questions, by SIDE_SHARES, at random frames of the window whose
     evidence it showed; keyed by the frame they follow."""
     candidates = side_candidates(stream)
@@ -209,9 +211,31 @@ def _pick_side_questions(stream, window: Window, shown, count: int, rng: random.
     chosen: dict[int, list] = {}
     for family, share in SIDE_SHARES.items():
         options = by_family[family]
-        for index, question in rng.sample(options, min(len(options), round(share * count))):
+        wanted = min(len(options), round(share * count))
+        balanced = balance_kinds and family != "current"
+        for index, question in (kind_balanced_sample(options, wanted, rng) if balanced else rng.sample(options, wanted)):
             chosen.setdefault(index, []).append(question)
     return chosen
+
+
+def kind_balanced_sample(options: list, count: int, rng: random.Random) -> list:
+    """`count` of `options` ((frame, question) pairs), the question kinds taking turns, so a kind
+    with fewer candidates is asked as often as the others while it has any: an episode has 2 rare
+    shapes against 4 rare colours, and "what colour was the <shape> seen earlier?" was answered
+    at chance (README, item 5 of what moved ten-minute memory)."""
+    by_kind: dict[str, list] = {}
+    for option in options:
+        by_kind.setdefault(option[1].kind, []).append(option)
+    for group in by_kind.values():
+        rng.shuffle(group)
+    kinds = sorted(by_kind)
+    rng.shuffle(kinds)
+    picked: list = []
+    while len(picked) < count:
+        for kind in kinds:
+            if by_kind[kind] and len(picked) < count:
+                picked.append(by_kind[kind].pop())
+    return picked
 
 
 def _answerable(question, shown, asked: set, last_current: dict) -> bool:
