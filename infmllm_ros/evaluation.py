@@ -71,6 +71,11 @@ class EvalResult:
     def accuracy(self) -> dict[str, float]:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
 
+    def count_kind(self, kind: str, right: int, asked: int) -> None:
+        counts = self.by_kind.setdefault(kind, [0, 0])
+        counts[0] += right
+        counts[1] += asked
+
     def merge(self, other: "EvalResult") -> None:
         """Add another run's counts and records to this one (episodes scored in other processes)."""
         for f in FAMILIES:
@@ -78,9 +83,7 @@ class EvalResult:
             self.total[f] += other.total[f]
             self.evidence_kept[f] += other.evidence_kept[f]
         for kind, (right, asked) in other.by_kind.items():
-            counts = self.by_kind.setdefault(kind, [0, 0])
-            counts[0] += right
-            counts[1] += asked
+            self.count_kind(kind, right, asked)
         self.mistakes += other.mistakes
         self.answers += other.answers
 
@@ -175,11 +178,9 @@ def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None 
                            "ttft_s": reply.ttft_s})
     answer = reply.text.strip().lower()
     result.total[question.family] += 1
-    kind = result.by_kind.setdefault(question.kind, [0, 0])
-    kind[1] += 1
+    result.count_kind(question.kind, int(answer == question.answer), 1)
     if answer == question.answer:
         result.correct[question.family] += 1
-        kind[0] += 1
     else:
         result.mistakes.append({"seed": seed, "t": question.t, "question": question.text,
                                 "expected": question.answer, "answer": answer})

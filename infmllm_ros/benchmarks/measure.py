@@ -34,9 +34,14 @@ def peak_rss_mb() -> float:
 
 
 def synchronize(session: StreamingSession) -> None:
-    """Wait for queued GPU work, so a timer read after it measures the step (no-op on CPU)."""
-    if session.device.type == "cuda":
-        torch.cuda.synchronize(session.device)
+    """Wait for the session's queued GPU work, so a timer read after it measures the step (no-op on CPU)."""
+    synchronize_device(session.device)
+
+
+def synchronize_device(device) -> None:
+    """Wait for queued work on `device` (a torch device or its name); no-op on CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def gpu_peak_mb(session: StreamingSession) -> float | None:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
 
-from .measure import decode_timings, gpu_peak_mb, in_child, rss_mb
+from .measure import decode_timings, gpu_peak_mb, in_child, rss_mb, synchronize_device
 from .quant import model_megabytes, tensor_bytes
 from .scale import stream_frames
 
@@ -148,10 +148,10 @@ def memory_bandwidth(megabytes: int = 1024, repeats: int = 5, device: str = "cpu
     target = torch.empty_like(source)
 
     def seconds(operation) -> float:
-        _synchronize(device)
+        synchronize_device(device)
         started = time.perf_counter()
         operation()
-        _synchronize(device)
+        synchronize_device(device)
         return time.perf_counter() - started
 
     read = [seconds(source.sum) for _ in range(repeats)]
@@ -159,11 +159,6 @@ def memory_bandwidth(megabytes: int = 1024, repeats: int = 5, device: str = "cpu
     size = source.numel() * 4
     return {"read_gbs": size / min(read) / 1e9, "copy_gbs": 2 * size / min(copy) / 1e9, "buffer_mb": megabytes,
             "device": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"}
-
-
-def _synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def decode_weight_bytes(model) -> int:
@@ -228,12 +223,12 @@ def generate_ms_per_token(model, context: int, steps: int) -> float:
     seconds = {}
     for new in (1, 1, steps + 1):   # the first call warms up (allocator, kernels) and is not kept
         cache = filled_dynamic_cache(model, context)
-        _synchronize(model.device)
+        synchronize_device(model.device)
         started = time.perf_counter()
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
                            max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        _synchronize(model.device)
+        synchronize_device(model.device)
         seconds[new] = time.perf_counter() - started
         del cache
     return 1000 * (seconds[steps + 1] - seconds[1]) / steps

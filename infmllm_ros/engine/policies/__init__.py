@@ -25,19 +25,23 @@ def policy_class(name: str) -> type[CachePolicy]:
 
 def make_policy(name: str, **settings) -> CachePolicy:
     """Build a policy by name; unknown names and bad settings fail here, with the valid choices."""
-    cls = policy_class(name)
-    unknown = set(settings) - {field.name for field in dataclasses.fields(cls)}
+    names = setting_names(name)
+    unknown = set(settings) - set(names)
     if unknown:
-        raise ValueError(f"policy {name!r} has no setting {sorted(unknown)}; its settings are "
-                         f"{[field.name for field in dataclasses.fields(cls)]}")
-    return cls(**settings)
+        raise ValueError(f"policy {name!r} has no setting {sorted(unknown)}; its settings are {names}")
+    return policy_class(name)(**settings)
+
+
+def setting_names(name: str) -> list[str]:
+    """The settings policy `name` has: its dataclass fields."""
+    return [field.name for field in dataclasses.fields(policy_class(name))]
 
 
 def policy_settings(name: str, offered: dict) -> dict:
-    """Of the settings `offered`, the ones policy `name` has (its dataclass fields)."""
-    fields = {field.name for field in dataclasses.fields(policy_class(name))}
-    return {key: value for key, value in offered.items() if key in fields}
+    """Of the settings `offered`, the ones policy `name` has."""
+    names = setting_names(name)
+    return {key: value for key, value in offered.items() if key in names}
 
 
 __all__ = ["CachePolicy", "FullCache", "StreamingWindow", "HeavyHitters", "AttentionSaddles",
-           "POLICIES", "make_policy", "policy_class", "policy_settings", "local_sum"]
+           "POLICIES", "make_policy", "policy_class", "policy_settings", "setting_names", "local_sum"]
