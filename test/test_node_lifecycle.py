@@ -163,12 +163,23 @@ def test_lifecycle_over_dds(managed, wide_model_dir):
     assert ask(listener, "after-reset-fed")["frames_seen"] == 1
     assert listener.latest_stats(after=time.time())["resets"] == 1
 
-    # Cleanup gives the model's memory back.
+    # Cleanup gives the model's memory back. The first load also imports what loading needs
+    # (transformers' model and processor modules, ...), about 40 MiB that stay for the process's
+    # life: a first cycle returned 69-72 % of what configure took (the same for 6 s after), and
+    # glibc's heap keeps 0-18 MiB of a later cycle's ~125 (measured over 10 runs on 2 busy cores).
+    # A model not freed would leave all of it behind, every cycle: that is what the second cycle checks.
     assert lifecycle.change("deactivate") and lifecycle.change("cleanup") and lifecycle.state() == "unconfigured"
     cleaned = settled_rss(process)
-    assert configured - cleaned > 0.7 * (configured - before), \
+    assert configured - cleaned > 0.5 * (configured - before), \
         f"cleanup freed the model: RSS {before:.0f} -> {configured:.0f} -> {cleaned:.0f} MiB"
     assert not lifecycle.reset().success, "nothing to reset while unconfigured"
+    assert lifecycle.change("configure")
+    configured_again = settled_rss(process)
+    assert configured_again - cleaned > 80, f"the model loaded again: RSS {cleaned:.0f} -> {configured_again:.0f}"
+    assert lifecycle.change("cleanup")
+    cleaned_again = settled_rss(process)
+    assert cleaned_again - cleaned < 0.33 * (configured_again - cleaned), \
+        f"a second cleanup freed the model: RSS {cleaned:.0f} -> {configured_again:.0f} -> {cleaned_again:.0f} MiB"
 
     # Configure and activate again, then shut down from active: the process stays up, finalized.
     assert lifecycle.change("configure") and lifecycle.change("activate")
