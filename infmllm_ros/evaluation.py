@@ -67,6 +67,10 @@ class EvalResult:
     #: per question kind (template), [correct, total]: a family can hide a kind at chance behind one
     #: that works (distant "what colour was the triangle?" against "what shape was the purple object?")
     by_kind: dict[str, list[int]] = field(default_factory=dict)
+    #: recall only, per family: [answers whose recalled frames include one of the evidence's, answers
+    #: with frames recalled]: whether the question found its frames
+    recall_hits: dict[str, list[int]] = field(default_factory=dict)
+    store_mb: float = 0.0   # recall only: the largest store an episode ended with
 
     def accuracy(self) -> dict[str, float]:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
@@ -76,6 +80,11 @@ class EvalResult:
         counts[0] += right
         counts[1] += asked
 
+    def count_recall(self, family: str, hits: int, recalled: int) -> None:
+        counts = self.recall_hits.setdefault(family, [0, 0])
+        counts[0] += hits
+        counts[1] += recalled
+
     def merge(self, other: "EvalResult") -> None:
         """Add another run's counts and records to this one (episodes scored in other processes)."""
         for f in FAMILIES:
@@ -84,6 +93,9 @@ class EvalResult:
             self.evidence_kept[f] += other.evidence_kept[f]
         for kind, (right, asked) in other.by_kind.items():
             self.count_kind(kind, right, asked)
+        for family, (hits, recalled) in other.recall_hits.items():
+            self.count_recall(family, hits, recalled)
+        self.store_mb = max(self.store_mb, other.store_mb)
         self.mistakes += other.mistakes
         self.answers += other.answers
 
@@ -176,6 +188,9 @@ def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None 
     reply = session.ask(question.text)
     result.answers.append({"seed": seed, "t": question.t, "question": question.text, "total_s": reply.total_s,
                            "ttft_s": reply.ttft_s})
+    if reply.recalled_stamps and question.evidence is not None:
+        start, end = question.evidence
+        result.count_recall(question.family, int(any(start <= t <= end for t in reply.recalled_stamps)), 1)
     answer = reply.text.strip().lower()
     result.total[question.family] += 1
     result.count_kind(question.kind, int(answer == question.answer), 1)
@@ -192,6 +207,9 @@ def main(argv=None) -> int:
     parser.add_argument("--policy", default="full", choices=["full", "streaming", "h2o", "infmllm"])
     parser.add_argument("--budget", type=int, default=1024)
     parser.add_argument("--recent", type=int, default=256)
+    parser.add_argument("--recall-store-mb", type=float, default=0.0,
+                        help="keep evicted frames (MB, host memory) and recall the best for each question")
+    parser.add_argument("--recall-frames", type=int, default=4, help="frames recalled per question")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--duration", type=float, default=64.0, help="seconds of camera time per episode")
     parser.add_argument("--first-seed", type=int, default=1)
@@ -211,9 +229,11 @@ def main(argv=None) -> int:
         session = StreamingSession(SessionConfig(model_path=args.model_path, cache_policy=args.policy,
                                                  cache_budget=args.budget, recent_window=args.recent,
                                                  device=args.device, dtype=args.dtype,
-                                                 quantization=args.quantization))
+                                                 quantization=args.quantization,
+                                                 recall_store_mb=args.recall_store_mb,
+                                                 recall_frames=args.recall_frames))
         check_evaluable(session, resolve_model_path(args.model_path))
-    except (ModelLoadError, NotEvaluable) as error:
+    except (ModelLoadError, NotEvaluable, ValueError) as error:
         print(f"infmllm-eval: {error}", file=sys.stderr)
         return 2
     result = EvalResult()
@@ -229,6 +249,8 @@ def main(argv=None) -> int:
                    "dtype": args.dtype, "quantization": args.quantization,
                    "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy,
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
+                   "recall_store_mb": args.recall_store_mb, "recall_frames": args.recall_frames,
+                   "recall_hits": result.recall_hits,
                    "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
@@ -241,6 +263,10 @@ def main(argv=None) -> int:
     print("\n| question kind | correct | total | accuracy |\n|---|---|---|---|")
     for kind, (right, asked) in sorted(result.by_kind.items()):
         print(f"| {kind} | {right} | {asked} | {100 * right / asked:.1f} % |")
+    if result.recall_hits:
+        print("\n| family | answers with frames recalled | evidence among them |\n|---|---|---|")
+        for family, (hits, recalled) in sorted(result.recall_hits.items()):
+            print(f"| {family} | {recalled} | {hits} ({100 * hits / recalled:.0f} %) |")
     return 0
 
 

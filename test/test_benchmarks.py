@@ -61,6 +61,16 @@ def test_quality_quick_reports_accuracy_and_evidence_per_cell(tmp_path):
         assert row["budget"] == int(0.25 * row["stream_tokens"])
 
 
+def test_recall_quick_sets_infmllm_with_recall_beside_the_policies(tmp_path, capsys):
+    rows = run_quick("recall", tmp_path)["rows"]
+    assert [row["policy"] for row in rows] == ["full", "infmllm", "infmllm+recall"]   # quick: the pair only
+    recall = rows[-1]
+    assert 0 < recall["store_mb"] <= 256 and "recall_found_distant" in recall
+    assert all(row["ttft_p50_ms"] > 0 for row in rows)
+    assert "store_mb" not in rows[-2], "recall figures only where recall ran"
+    assert "| policy | share | ttft_p50_ms | store_mb |" in capsys.readouterr().out
+
+
 def test_overhead_quick_measures_every_policy_and_per_token_eviction(tmp_path):
     payload = run_quick("overhead", tmp_path)
     steps = {row["config"]: row for row in payload["steps"]}

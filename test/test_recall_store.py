@@ -1,5 +1,6 @@
-"""The recall store on its own: bounded by megabytes (oldest out, counted), frames chosen by how well
-their index matches a question, returned in stream order. (Wiring it into the session is separate.)"""
+"""The recall store on its own: bounded by megabytes (oldest out, counted), frames chosen by the
+attention a question's queries give them, returned in stream order; fed by the cache frame by frame. (Recall
+through the session: test_recall.py.)"""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from infmllm_ros.engine.recall import RecallStore, StoredFrame
 LAYERS, HEADS, DIM, TOKENS = 3, 2, 8, 5
 
 
-def frame(first_token: int, direction: torch.Tensor | None = None, seed: int = 0) -> StoredFrame:
+def frame(first_token: int, direction: torch.Tensor | None = None, seed: int = 0, tokens: int = TOKENS) -> StoredFrame:
+    """Random keys; `direction` added to one token only (an object in one patch of the frame)."""
     generator = torch.Generator().manual_seed(seed + first_token)
-    keys = [torch.randn(HEADS, TOKENS, DIM, generator=generator) * 0.1 for _ in range(LAYERS)]
+    keys = [torch.randn(HEADS, tokens, DIM, generator=generator) for _ in range(LAYERS)]
     if direction is not None:
-        keys = [k + direction for k in keys]
-    values = [torch.randn(HEADS, TOKENS, DIM, generator=generator) for _ in range(LAYERS)]
-    positions = torch.arange(TOKENS)[:, None].expand(-1, 3).clone()
+        for k in keys:
+            k[:, 2] += direction
+    values = [torch.randn(HEADS, tokens, DIM, generator=generator) for _ in range(LAYERS)]
+    positions = torch.arange(tokens)[:, None].expand(-1, 3).clone()
     return StoredFrame(stamp=float(first_token), first_token=first_token, keys=keys, values=values,
                        positions=positions)
 
@@ -36,29 +39,32 @@ def test_a_store_of_zero_megabytes_keeps_nothing_and_recalls_nothing():
     store = RecallStore(capacity_mb=0)
     store.add(frame(0))
     assert len(store) == 0 and store.dropped == 1
-    assert store.best(torch.ones(LAYERS, HEADS, DIM), 4) == []
+    assert store.best([torch.ones(HEADS, 1, DIM)] * LAYERS, 4) == []
 
 
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="recall_store_mb"):
         RecallStore(capacity_mb=-1)
     with pytest.raises(ValueError, match="recall_frames"):
-        RecallStore(capacity_mb=1).best(torch.ones(LAYERS, HEADS, DIM), -1)
+        RecallStore(capacity_mb=1).best([torch.ones(HEADS, 1, DIM)] * LAYERS, -1)
     with pytest.raises(ValueError, match="same tokens"):
         broken = frame(0)
         StoredFrame(stamp=None, first_token=0, keys=broken.keys, values=broken.values,
                     positions=broken.positions[:2])
 
 
-def test_the_frames_that_match_the_question_come_back_in_stream_order():
+def test_the_frames_the_question_attends_to_come_back_in_stream_order():
+    """The object asked about is one token of a frame: a mean over the frame would wash it out
+    (the random tokens around it are larger), attention finds it."""
     wanted = torch.zeros(DIM)
-    wanted[3] = 1.0
+    wanted[3] = 6.0
     store = RecallStore(capacity_mb=64)
     matching = {40, 15}
     for number in range(12):
         first = number * TOKENS
-        store.add(frame(first, direction=wanted if first in matching else -wanted))
-    query = wanted.expand(LAYERS, HEADS, DIM)
+        store.add(frame(first, direction=wanted if first in matching else None))
+    unrelated = torch.randn(HEADS, 3, DIM, generator=torch.Generator().manual_seed(5))
+    query = [torch.cat([unrelated, wanted.expand(HEADS, 1, DIM)], dim=1) for _ in range(LAYERS)]
     chosen = store.best(query, 2)
     assert [f.first_token for f in chosen] == sorted(matching)
     assert len(store.best(query, 100)) == 12
@@ -66,6 +72,26 @@ def test_the_frames_that_match_the_question_come_back_in_stream_order():
     again = frame(15, direction=wanted)
     assert all(torch.equal(a, b) for a, b in zip(chosen[0].keys, again.keys))
     assert all(torch.equal(a, b) for a, b in zip(chosen[0].values, again.values))
+
+
+def test_frame_scores_are_one_softmax_over_every_stored_token():
+    """Scored a few frames at a time (frames of different sizes apart), the mass per frame is that of
+    a single softmax over the whole store's tokens."""
+    store = RecallStore(capacity_mb=64)
+    sizes = [5, 5, 5, 7, 7, 5, 3, 5, 5]
+    first = 0
+    for tokens in sizes:
+        store.add(frame(first, tokens=tokens))
+        first += tokens
+    query = [torch.randn(HEADS, 4, DIM, generator=torch.Generator().manual_seed(layer)) for layer in range(LAYERS)]
+    expected = torch.zeros(len(sizes))
+    owner = torch.cat([torch.full((tokens,), number) for number, tokens in enumerate(sizes)])
+    for layer, q in enumerate(query):
+        keys = torch.cat([f.keys[layer] for f in store.frames], dim=1)         # (heads, all tokens, dim)
+        weights = (q @ keys.transpose(1, 2) * DIM ** -0.5).softmax(dim=-1)     # (heads, n, all tokens)
+        expected.index_add_(0, owner, weights.sum(dim=(0, 1)))
+    torch.testing.assert_close(store.attention(query, frames_at_once=2), expected)
+    assert abs(float(expected.sum()) - LAYERS * HEADS * 4) < 1e-4
 
 
 def test_the_cache_stores_each_evicted_frame_whole_and_exactly():
@@ -77,8 +103,7 @@ def test_the_cache_stores_each_evicted_frame_whole_and_exactly():
     from infmllm_ros.synthetic import generate_episode
 
     session = StreamingSession(SessionConfig(cache_policy="infmllm", quantization="none", cache_budget=96,
-                                             recent_window=32, eviction_chunk=32))
-    session.cache.store = RecallStore(capacity_mb=64)
+                                             recent_window=32, eviction_chunk=32, recall_store_mb=64))
     episode = generate_episode(3, 30.0)
     written = {}   # frame's first token -> per layer (keys, values, positions per head) as first written
     for second in range(16):

@@ -88,9 +88,10 @@ class Replies:
             return Counter(info["id"] for info in self.infos)
 
 
-def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50, cameras=("cam",)):
-    sessions = CameraSessions(SessionConfig(model_path=str(model_dir), cache_policy="full",
-                                            max_new_tokens=max_new_tokens), list(cameras))
+def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50, cameras=("cam",), **settings):
+    settings = {"cache_policy": "full", **settings}
+    sessions = CameraSessions(SessionConfig(model_path=str(model_dir), max_new_tokens=max_new_tokens, **settings),
+                              list(cameras))
     queue, stats, replies = RequestQueue(max_queries), NodeStats(), Replies()
     worker = SessionWorker(sessions, queue, stats, {"max_new_tokens": max_new_tokens}, replies.piece, replies.reply,
                            lambda kind, message: None)
@@ -179,5 +180,31 @@ def test_cameras_never_share_a_cache(random_model_dir):
         assert infos["right-fed"]["camera"] == "/right" and infos["right-fed"]["frames_seen"] == 1
         assert infos["right-fed"]["stamp"] == 9.0
         assert stats.snapshot()["frames_seen"] == 2
+    finally:
+        assert worker.stop()
+
+
+def test_recall_is_reported_in_the_answer_and_in_stats_and_reset_empties_the_store(random_model_dir):
+    worker, queue, stats, replies = start_worker(random_model_dir, cache_policy="infmllm", cache_budget=48,
+                                                 recent_window=16, eviction_chunk=16, recall_store_mb=4,
+                                                 recall_frames=2)
+    try:
+        rng = np.random.default_rng(0)
+        for second in range(30):   # one at a time: the mailbox keeps only a camera's newest frame
+            queue.put_frame("cam", Frame(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), stamp=float(second),
+                                         received=0.0))
+            assert wait_until(lambda: worker.sessions.frames_seen == second + 1, 30)
+        queue.put_query(Query("q", "what colour is the circle?"))
+        assert wait_until(lambda: len(replies.infos) == 1, 60)
+        info = replies.by_id()["q"]
+        assert info["status"] == "ok" and len(info["recalled_stamps"]) == 2
+        assert all(0.0 <= stamp < 30.0 for stamp in info["recalled_stamps"])
+        recall = stats.snapshot()["recall"]
+        assert recall["frames_stored"] > 0 and 0 < recall["store_mb"] <= 4
+        assert recall["frames_recalled"] == 2 and recall["frames_per_answer"] == 2.0
+        reset = ResetRequest()
+        queue.put_reset(reset)
+        assert reset.done.wait(60)
+        assert stats.snapshot()["recall"]["frames_stored"] == 0, "a reset forgets the stored frames too"
     finally:
         assert worker.stop()

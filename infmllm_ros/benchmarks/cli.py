@@ -1,9 +1,9 @@
 """`infmllm-bench`: measure every cache policy side by side, in one run on one machine.
 
 Suites (each prints a markdown table and writes bench/results/<suite>[_quick].json and .png):
-scale, quality, overhead, text, node, realsize, quant; `all` runs the first six, in that order,
-with one progress bar. `--quick` is the small size CI smoke-tests; without it, `all` takes about
-an hour and a half on a 2-core CPU.
+scale, quality, recall, overhead, text, node, realsize, quant; `all` runs scale, quality, overhead,
+text, node and realsize, in that order, with one progress bar. `--quick` is the small size CI
+smoke-tests; without it, `all` takes about an hour and a half on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from infmllm_ros.synthetic import FAMILIES
 
 from .node_e2e import run_node_e2e
 from .overhead import run_overhead
-from .quality import BUDGET_SHARES, run_quality
+from .quality import BOUNDED, BUDGET_SHARES, RECALL_FRAMES, RECALL_SHARES, RECALL_STORE_MB, run_quality
 from .quant import run_quant
 from .realsize import FULL_SIZE, QUICK_SIZE, realsize_plot, run_realsize
 from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, write_json
@@ -30,7 +30,7 @@ from .scale import METRICS, POLICIES, ratios, run_scale
 from .text_stream import VARIANTS, run_text
 from .two_cameras import JPEG_HZ, RAW_HZ, run_two_cameras
 
-SUITES = ("scale", "quality", "overhead", "text", "node", "realsize", "quant")
+SUITES = ("scale", "quality", "recall", "overhead", "text", "node", "realsize", "quant")
 ALL = ("scale", "quality", "overhead", "text", "node", "realsize")
 
 
@@ -79,6 +79,24 @@ def scale_suite(suite: Suite, model_path: str, args, overrides: dict | None = No
 def quality_suite(suite: Suite, model_path: str, args) -> None:
     episodes, duration, shares = (1, 60.0, (0.25,)) if suite.quick else (args.episodes, 600.0, BUDGET_SHARES)
     rows = run_quality(model_path, episodes, duration, shares, spacing_s=args.spacing, workers=args.workers)
+    quality_tables(suite, rows, episodes, duration, args)
+    suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
+
+
+def recall_suite(suite: Suite, model_path: str, args) -> None:
+    """The quality suite's cells at small budgets, with infmllm + recall beside the policies."""
+    episodes, duration, shares = (1, 60.0, (0.25,)) if suite.quick else (args.episodes, 600.0, RECALL_SHARES)
+    policies = ("infmllm", "infmllm+recall") if suite.quick else (*BOUNDED, "infmllm+recall")
+    rows = run_quality(model_path, episodes, duration, shares, policies=policies, spacing_s=args.spacing,
+                       workers=args.workers)
+    quality_tables(suite, rows, episodes, duration, args)
+    suite.table(f"Recall ({RECALL_FRAMES} frames from a store of up to {RECALL_STORE_MB:g} MB): time to first "
+                "token, store size, and the distant questions whose recalled frames include one of the evidence's",
+                rows, ["policy", "share", "ttft_p50_ms", "store_mb", "recall_found_distant"])
+    suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
+
+
+def quality_tables(suite: Suite, rows: list[dict], episodes: int, duration: float, args) -> None:
     for row in rows:
         for family in FAMILIES:
             row[family] = f"{row[f'acc_{family}']:.1f} ({row[f'lo_{family}']:.0f}-{row[f'hi_{family}']:.0f})"
@@ -90,7 +108,6 @@ def quality_suite(suite: Suite, model_path: str, args) -> None:
                  *(f"of_full_{f}" for f in FAMILIES)])
     suite.save({"rows": rows, "episodes": episodes, "duration_s": duration, "spacing_s": args.spacing,
                 "workers": args.workers})
-    suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
 
 
 def overhead_suite(suite: Suite, model_path: str, args, overrides: dict | None = None) -> None:
@@ -157,7 +174,7 @@ def quant_suite(suite: Suite, model_path: str, args) -> None:
     suite.plot(bar_plot(suite.file, measured, "mode", ["model_mb", "decode_ms", "acc_current"], suite.out))
 
 
-RUNNERS = {"scale": scale_suite, "quality": quality_suite, "overhead": overhead_suite, "text": text_suite,
+RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "overhead": overhead_suite, "text": text_suite,
            "node": node_suite, "realsize": realsize_suite, "quant": quant_suite}
 
 

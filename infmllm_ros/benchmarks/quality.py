@@ -21,13 +21,23 @@ from .measure import make_session
 
 BUDGET_SHARES = (0.05, 0.10, 0.25)
 BOUNDED = ("streaming", "h2o", "infmllm")
+#: cells that are a policy plus session settings: infmllm with evicted frames recalled by question
+RECALL_STORE_MB, RECALL_FRAMES = 256.0, 4
+RECALL_SHARES = (0.05, 0.10)   # where recall is meant to help: most of the stream evicted
+VARIANTS = {"infmllm+recall": ("infmllm", {"recall_store_mb": RECALL_STORE_MB, "recall_frames": RECALL_FRAMES})}
 FIRST_SEED = 1_000   # held out: training used seeds from 90,000 up
 RECENT_SHARE = 0.25  # of each budget, the newest tokens always kept (infmllm, h2o)
 
 
 def cell_row(policy: str, budget, share: str, result: EvalResult) -> dict:
     accuracy, kept = result.accuracy(), result.mean_evidence_kept()
-    row = {"policy": policy, "budget": budget, "share": share}
+    ttfts = sorted(answer["ttft_s"] for answer in result.answers)
+    row = {"policy": policy, "budget": budget, "share": share,
+           "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2] if ttfts else float("nan")}
+    if result.recall_hits:
+        hits, recalled = result.recall_hits.get("distant", (0, 0))
+        row["recall_found_distant"] = 100 * hits / recalled if recalled else float("nan")
+        row["store_mb"] = result.store_mb
     for f in FAMILIES:
         low, high = wilson_interval(result.correct[f], result.total[f])
         row.update({f"acc_{f}": 100 * accuracy[f], f"lo_{f}": 100 * low, f"hi_{f}": 100 * high,
@@ -103,6 +113,9 @@ def _score_episode(job) -> tuple[int, dict]:
                          spacing_s)
     for (policy, share), budget in budgets.items():
         cells[(policy, share)] = EvalResult()
-        session = make_session(model_path, policy, budget, max(int(RECENT_SHARE * budget), 1))
+        base, settings = VARIANTS.get(policy, (policy, {}))
+        session = make_session(model_path, base, budget, max(int(RECENT_SHARE * budget), 1), **settings)
         evaluate_episode(session, seed, duration_s, cells[(policy, share)], rendered, spacing_s)
+        if session.cache.store is not None:
+            cells[(policy, share)].store_mb = session.cache.store.megabytes
     return seed, cells

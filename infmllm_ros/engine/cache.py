@@ -75,6 +75,11 @@ class ReservedTokens:
         return 0 if self.store is None else self.store.numel() * self.store.element_size()
 
 
+def _per_head(tensor: torch.Tensor, heads: int, device) -> torch.Tensor:
+    """The same tokens' bookkeeping for every KV head of a layer."""
+    return tensor.to(device).expand(heads, *tensor.shape)
+
+
 class BoundedLayer(DynamicLayer):
     """One layer's KV tensors (batch 1) plus per-key bookkeeping, all evicted together."""
 
@@ -135,6 +140,20 @@ class BoundedLayer(DynamicLayer):
         self.token_index = self.token_index.gather(1, indices)
         self.positions = self.positions.gather(1, indices[:, :, None].expand(-1, -1, 3))
 
+    def insert(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
+               token_index: torch.Tensor, order: torch.Tensor) -> None:
+        """Add tokens between forwards (keys rotated at `positions`; all per head, (kv_heads, n, ...)) and
+        put every slot in the order of `order` (kv_heads, L + n), ascending: eviction and re-indexing
+        read slots in stream order."""
+        keys, values = torch.cat([self.keys, keys[None]], dim=2), torch.cat([self.values, values[None]], dim=2)
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        self.segments = torch.cat([self.segments, segments], dim=1)
+        self.token_index = torch.cat([self.token_index, token_index], dim=1)
+        self.attention_mass = torch.cat([self.attention_mass, torch.zeros_like(token_index, dtype=torch.float32)],
+                                        dim=1)
+        self.keys, self.values = self.key_store.replace(keys), self.value_store.replace(values)
+        self.keep(order.argsort(dim=1, stable=True))
+
     def move_to(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
         """Give the cached tokens new positions, re-rotating their keys exactly."""
         shift = (positions[..., 0] - self.positions[..., 0])[None]
@@ -172,6 +191,7 @@ class BoundedCache(Cache):
         self.next_segment = 0    # segments: runs of tokens that move together when re-indexed
         self.tokens_seen = 0
         self.store = store
+        self.recalled_tokens = 0   # tokens of recalled frames in the cache now (one answer's worth)
         self.unstored_frames: list[tuple[int, int, float | None]] = []   # (first token, end, stamp)
         self.evictions = 0
         self.eviction_seconds = 0.0   # time spent choosing survivors and re-indexing (benchmarks)
@@ -207,12 +227,14 @@ class BoundedCache(Cache):
         layer.attention_mass = self.policy.fold_mass(layer.attention_mass, mass.to(layer.attention_mass))
 
     def make_room(self, incoming: int) -> bool:
-        """Evict back to the budget if `incoming` more tokens would pass budget + chunk."""
-        if self.length == 0 or not self.policy.must_evict(self.length, incoming):
+        """Evict back to the budget if `incoming` more tokens would pass budget + chunk (recalled frames
+        are an allowance on top, not counted)."""
+        if self.length == 0 or not self.policy.must_evict(self.length - self.recalled_tokens, incoming):
             return False
         if incoming > self.policy.chunk:
             raise ValueError(f"a forward of {incoming} tokens exceeds the eviction chunk ({self.policy.chunk})")
         started = time.perf_counter()
+        self.release_recalled()   # policies pick survivors among stream-ordered slots of the stream itself
         keeps = [self.policy.keep_indices(layer.attention_mass, layer.length, layer.keys.shape[1])
                  for layer in self.layers]
         if self.store is not None and self.unstored_frames:
@@ -259,6 +281,52 @@ class BoundedCache(Cache):
             values.append(layer.values[0].gather(1, slots[..., None].expand(-1, -1, layer.values.shape[-1])))
             relative = positions[0] - base[0] if relative is None else relative
         return StoredFrame(stamp=stamp, first_token=first, keys=keys, values=values, positions=relative)
+
+    def forget_newest(self, count: int) -> None:
+        """Drop the `count` newest tokens as if never admitted (a question fed once to read its queries)."""
+        if not 0 < count <= self.length - self.recalled_tokens:
+            raise ValueError(f"cannot forget {count} of {self.length - self.recalled_tokens} tokens")
+        first_forgotten = self.layers[0].positions[0, self.length - count, 0]
+        for layer in self.layers:
+            heads = layer.keys.shape[1]
+            layer.keep(torch.arange(layer.length - count, device=layer.keys.device).expand(heads, -1))
+        self.tokens_seen -= count
+        self.next_position = int(first_forgotten)
+
+    def recall(self, frames: list[StoredFrame]) -> None:
+        """Put stored frames back for one answer: each frame's tokens, whole, in every layer and head,
+        in stream order among the cached tokens (before any of its own tokens a policy kept, so a
+        token kept there counts twice while recalled), then re-index so they sit at exact positions.
+        `release_recalled` takes them out again; until then they do not count against the budget."""
+        if self.recalled_tokens:
+            raise RuntimeError("frames are already recalled: release them first")
+        if not frames:
+            return
+        index = torch.cat([frame.first_token + torch.arange(frame.tokens) for frame in frames])
+        # each frame just before its first stream index (so before any of its own kept tokens), in frame order
+        order = torch.cat([frame.first_token - 1 + torch.arange(1, frame.tokens + 1, dtype=torch.float64)
+                           / (frame.tokens + 1) for frame in frames])
+        segments = torch.cat([torch.full((frame.tokens,), -1 - number) for number, frame in enumerate(frames)])
+        positions = torch.cat([frame.positions for frame in frames])   # frame-relative: keys are rotated there
+        for number, layer in enumerate(self.layers):
+            heads, device = layer.keys.shape[1], layer.keys.device
+            layer.insert(torch.cat([frame.keys[number] for frame in frames], dim=1).to(layer.keys),
+                         torch.cat([frame.values[number] for frame in frames], dim=1).to(layer.values),
+                         _per_head(positions, heads, device), _per_head(segments, heads, device),
+                         _per_head(index, heads, device),
+                         torch.cat([layer.token_index.double(), _per_head(order, heads, device)], dim=1))
+        self.recalled_tokens = sum(frame.tokens for frame in frames)
+        self._reindex()
+
+    def release_recalled(self) -> None:
+        """Take recalled frames out again (and re-index): the bounded cache is as the answer left it."""
+        if not self.recalled_tokens:
+            return
+        for layer in self.layers:
+            heads = layer.keys.shape[1]
+            layer.keep((layer.segments >= 0).nonzero()[:, 1].view(heads, -1))
+        self.recalled_tokens = 0
+        self._reindex()
 
     def _reindex(self) -> None:
         """StreamingLLM-style positions: pack each head's tokens, align all heads on the newest.

@@ -3,19 +3,26 @@
 Inf-MLLM, StreamingLLM and H2O forget for good what they evict; ReKV and LiveVLM keep evicted video
 KV off the accelerator and bring back the frames a question needs. This module is the store: whole
 frames (every layer's keys and values; keys turned back to position 0, so they can be re-rotated
-exactly to wherever they are re-inserted), a small index per frame (its mean un-rotated key per
-layer and KV head: what a question's mean query is scored against), bounded to `capacity_mb` with
-the oldest frames leaving first. It knows nothing of models, policies or ROS.
+exactly to wherever they are re-inserted), bounded to `capacity_mb` with the oldest frames leaving
+first, and the choice of frames for a question: the attention the question's queries would give
+each stored frame (positions aside). It knows nothing of models, policies or ROS.
 
-The cache hands it each frame an eviction first takes tokens of (`BoundedCache(store=...)`). Not
-yet done (the recall issue): the session scoring stored frames against a question, re-inserting the
-best for the answer and removing them after, and `recall_store_mb` / `recall_frames` as settings.
+Why attention and not a small index per frame (a mean key, as ReKV-style retrieval often keeps):
+measured on the embedded model's 10-minute episodes (seed 2000, infmllm at a 5 % budget), a
+question's mean query against each frame's mean key found a frame of the evidence for 19 of 55
+distant questions with 4 frames recalled, and the answers got worse than with no recall (13 against
+20 of 55): averaging a frame's 16 patches washes out the one object asked about. Scoring costs one
+attention pass of the question's tokens over the store, which the store's keys already allow.
+
+The cache hands it each frame an eviction first takes tokens of (`BoundedCache(store=...)`); for a
+question the session scores the stored frames against the question's queries (`probe.QueryProbe`),
+the cache puts the best back for that answer only (`BoundedCache.recall` / `release_recalled`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +36,6 @@ class StoredFrame:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     positions: torch.Tensor           # (tokens, 3): positions relative to the frame's first token
-    index: torch.Tensor = field(init=False)   # (layers, kv_heads, dim) float32: mean key per layer and head
 
     def __post_init__(self) -> None:
         if not self.keys or len(self.keys) != len(self.values):
@@ -37,7 +43,6 @@ class StoredFrame:
         tokens = self.positions.shape[0]
         if any(k.shape[:2] != v.shape[:2] or k.shape[1] != tokens for k, v in zip(self.keys, self.values)):
             raise ValueError("every layer must hold the frame's same tokens, one position each")
-        self.index = torch.stack([k.float().mean(dim=1) for k in self.keys])
 
     @property
     def tokens(self) -> int:
@@ -45,7 +50,7 @@ class StoredFrame:
 
     @property
     def nbytes(self) -> int:
-        tensors = [*self.keys, *self.values, self.positions, self.index]
+        tensors = [*self.keys, *self.values, self.positions]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -76,22 +81,50 @@ class RecallStore:
             return
         frame.keys = [k.to("cpu") for k in frame.keys]
         frame.values = [v.to("cpu") for v in frame.values]
-        frame.positions, frame.index = frame.positions.to("cpu"), frame.index.to("cpu")
+        frame.positions = frame.positions.to("cpu")
         self.frames.append(frame)
         self.bytes += frame.nbytes
         while self.bytes > self.capacity_bytes:
             self.bytes -= self.frames.popleft().nbytes
             self.dropped += 1
 
-    def best(self, query_index: torch.Tensor, count: int) -> list[StoredFrame]:
-        """The `count` stored frames whose index best matches a question's mean un-rotated query
-        (layers, kv_heads, dim; query heads averaged over each KV head's group), by dot product
-        summed over layers and heads; returned in stream order."""
+    def best(self, queries: list[torch.Tensor], count: int) -> list[StoredFrame]:
+        """The `count` stored frames a question attends to most, returned in stream order.
+
+        queries: per layer, the question's un-rotated queries grouped by the KV head they read,
+        (kv_heads, n, head_dim). Each frame's score is the attention mass the queries would give its
+        tokens if the whole store were their context (positions aside), summed over queries, heads
+        and layers."""
         if count < 0:
             raise ValueError(f"recall_frames must be >= 0, got {count}")
         if not self.frames or count == 0:
             return []
-        indexes = torch.stack([frame.index for frame in self.frames])          # (frames, layers, heads, dim)
-        scores = (indexes * query_index.float().cpu()[None]).sum(dim=(1, 2, 3))
+        scores = self.attention(queries)
         chosen = scores.topk(min(count, len(self.frames))).indices.tolist()
         return sorted((self.frames[i] for i in chosen), key=lambda frame: frame.first_token)
+
+    def attention(self, queries: list[torch.Tensor], frames_at_once: int = 256) -> torch.Tensor:
+        """Attention mass per stored frame (frames,), as `best` scores them.
+
+        Per query, a frame's share is the softmax, over frames, of the log-sum-exp of its tokens'
+        logits: exactly the mass of one softmax over all stored tokens, computed `frames_at_once`
+        frames at a time so no concatenation of the whole store is ever made."""
+        if len(queries) != len(self.frames[0].keys):
+            raise ValueError(f"queries for {len(queries)} layers, the store holds {len(self.frames[0].keys)}")
+        frames = list(self.frames)
+        per_frame = []   # (layers, heads, n, frames in the group) log-sum-exp of each frame's logits
+        start = 0
+        while start < len(frames):
+            end = start + 1   # a group: consecutive frames of the same token count, stacked
+            while end < len(frames) and end - start < frames_at_once and frames[end].tokens == frames[start].tokens:
+                end += 1
+            group = frames[start:end]
+            per_layer = []
+            for layer, query in enumerate(queries):
+                keys = torch.stack([frame.keys[layer] for frame in group]).float()   # (f, heads, tokens, dim)
+                logits = torch.einsum("hnd,fhtd->hnft", query.float().cpu(), keys) * query.shape[-1] ** -0.5
+                per_layer.append(logits.logsumexp(dim=-1))
+            per_frame.append(torch.stack(per_layer))
+            start = end
+        mass = torch.cat(per_frame, dim=-1).softmax(dim=-1)
+        return mass.sum(dim=(0, 1, 2))

@@ -21,6 +21,8 @@ from .attention import SCORING_ATTENTION, collecting_attention_mass
 from .cache import BoundedCache
 from .loading import load_model_and_processor, resolve_model_path
 from .policies import AttentionSaddles, CachePolicy, make_policy, policy_class, policy_settings
+from .probe import QueryProbe
+from .recall import RecallStore
 
 
 AUTO = 0
@@ -49,6 +51,17 @@ class SessionConfig:
     sink_tokens: int = AttentionSaddles.sink               # first tokens always kept (streaming, infmllm)
     attention_bias: float = AttentionSaddles.attention_bias  # infmllm: saddle evidence forgotten per eviction
     max_new_tokens: int = 16
+    # Recall: evicted frames kept whole in host memory (MB; 0 = off) and put back, the `recall_frames`
+    # that best match a question, for that answer only
+    recall_store_mb: float = 0.0
+    recall_frames: int = 4
+
+    def __post_init__(self) -> None:
+        if self.recall_store_mb < 0 or self.recall_frames < 0:
+            raise ValueError("recall_store_mb and recall_frames must be >= 0")
+        if self.recall_store_mb > 0 and self.cache_policy == "full":
+            raise ValueError("recall brings back evicted frames, and the full cache evicts none: "
+                             "set recall_store_mb to 0 or choose a bounded cache_policy")
 
     def sized(self, frame_tokens: int) -> "SessionConfig":
         """This config with AUTO sizes replaced by frame counts of the model, and the sizes checked
@@ -77,6 +90,7 @@ class Answer:
     frames_seen: int
     newest_frame_stamp: float | None
     cache_tokens: int
+    recalled_stamps: tuple = ()   # stamps of the stored frames put back for this answer (recall)
 
 
 @dataclass
@@ -112,6 +126,7 @@ class StreamingSession:
         self.frames_seen = 0
         self.newest_frame_stamp: float | None = None
         self.last_answer: Answer | None = None
+        self.probe = QueryProbe(model) if self.config.recall_store_mb > 0 else None
         self.reset()
 
     @property
@@ -122,8 +137,9 @@ class StreamingSession:
     def reset(self) -> None:
         """Forget the stream: an empty cache, positions from zero."""
         text_model = self.model.get_decoder()
+        store = RecallStore(self.config.recall_store_mb) if self.config.recall_store_mb > 0 else None
         self.cache = BoundedCache(self.model.config.get_text_config().num_hidden_layers, self.config.make_policy(),
-                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions)
+                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions, store=store)
         self.frames_seen = 0
         self.newest_frame_stamp = None
 
@@ -176,10 +192,12 @@ class StreamingSession:
         return self._forward({"input_ids": ids[None]}, every_position=True)[0]
 
     def _forward(self, inputs: dict, every_position: bool = False, frame: bool = False,
-                 frame_stamp: float | None = None) -> tuple[torch.Tensor, bool]:
+                 frame_stamp: float | None = None, score_keys: bool = True) -> tuple[torch.Tensor, bool]:
+        """One forward through the bounded cache. `score_keys` False: the keys' attention mass is not
+        counted (a probe forward whose tokens are forgotten afterwards)."""
         position_ids, evicted = self.cache.admit(inputs, frame=frame, stamp=frame_stamp)
         model_inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
-        with torch.inference_mode(), collecting_attention_mass(self.cache):
+        with torch.inference_mode(), collecting_attention_mass(self.cache if score_keys else None):
             output = self.model(**model_inputs, position_ids=position_ids.to(self.device), cache=self.cache,
                                 use_cache=True, logits_to_keep=0 if every_position else 1)
         return (output.logits[0] if every_position else output.logits[0, -1]), evicted
@@ -196,7 +214,40 @@ class StreamingSession:
             raise ValueError("empty question")
         limit = max_new_tokens or self.config.max_new_tokens
         started = time.perf_counter()
-        logits = self.add_text(self.prompt.question.format(question=question.strip()))
+        try:
+            recalled, logits = self._ask_with_recall(self.prompt.question.format(question=question.strip()), limit)
+            text, generated, ttft = yield from self._decode(logits, limit, started)
+        finally:
+            self.cache.release_recalled()
+        answer = Answer(text=text.strip(), tokens=len(generated), ttft_s=ttft or 0.0,
+                        total_s=time.perf_counter() - started, frames_seen=self.frames_seen,
+                        newest_frame_stamp=self.newest_frame_stamp, cache_tokens=self.cache.length,
+                        recalled_stamps=recalled)
+        self.last_answer = answer
+        return answer
+
+    def _ask_with_recall(self, question: str, limit: int) -> tuple[tuple, torch.Tensor]:
+        """Append the question, first putting back the stored frames that best match it (when recall
+        is on and something is stored): (stamps of the frames recalled, logits after the question).
+
+        The question is fed once with its keys unscored to read its queries, forgotten, and fed
+        again after the chosen frames are in. Room for the answer is made first (as much as one
+        chunk allows), so the recalled frames normally stay for all of it; an eviction the answer
+        still needs takes them out first."""
+        store = self.cache.store
+        ids = self.tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        if store is None or not len(store) or self.config.recall_frames == 0 or ids.shape[-1] > self.policy.chunk:
+            return (), self.add_text(question)
+        self.cache.make_room(min(ids.shape[-1] + limit, self.policy.chunk))
+        with self.probe.attached():
+            self._forward({"input_ids": ids}, score_keys=False)
+        self.cache.forget_newest(ids.shape[-1])
+        frames = store.best(self.probe.grouped(), self.config.recall_frames)
+        self.cache.recall(frames)
+        return tuple(frame.stamp for frame in frames), self._forward({"input_ids": ids})[0]
+
+    def _decode(self, logits: torch.Tensor, limit: int, started: float) -> Generator[str, None, tuple]:
+        """Greedy decoding on top of the cache; yields visible text pieces, returns (text, ids, ttft)."""
         generated: list[int] = []
         decoded, text, ttft = "", "", None
         prefix = read = 0   # incremental decoding: only the tokens since the last emitted piece are decoded
@@ -219,11 +270,7 @@ class StreamingSession:
                 text = visible
             if stop_at >= 0:
                 break
-        answer = Answer(text=text.strip(), tokens=len(generated), ttft_s=ttft or 0.0,
-                        total_s=time.perf_counter() - started, frames_seen=self.frames_seen,
-                        newest_frame_stamp=self.newest_frame_stamp, cache_tokens=self.cache.length)
-        self.last_answer = answer
-        return answer
+        return text, generated, ttft
 
     def ask(self, question: str, max_new_tokens: int | None = None) -> Answer:
         """Answer a question about everything streamed so far."""

@@ -65,5 +65,13 @@ class CameraSessions:
     def cache_bytes(self) -> int:
         return sum(session.cache_bytes for session in self.sessions.values())
 
+    @property
+    def recall_store_bytes(self) -> int:
+        return sum(session.cache.store.bytes for session in self.sessions.values() if session.cache.store)
+
+    @property
+    def recall_frames_stored(self) -> int:
+        return sum(len(session.cache.store) for session in self.sessions.values() if session.cache.store)
+
     def newest_stamps(self) -> dict[str, float | None]:
         return {camera: session.newest_frame_stamp for camera, session in self.sessions.items()}

@@ -25,7 +25,8 @@ QUANTIZATION = ("none", "nf4", "int8", "cpu-int8", "auto")
 NOT_YET_SUPPORTED_QUANTIZATION = ("8bit", "int4", "4bit", "fp8", "awq", "gptq")
 # Parameters copied one to one into the engine's SessionConfig.
 SESSION_FIELDS = ("model_path", "device", "dtype", "quantization", "cache_policy", "cache_budget", "recent_window",
-                  "eviction_chunk", "sink_tokens", "attention_bias", "max_new_tokens")
+                  "eviction_chunk", "sink_tokens", "attention_bias", "max_new_tokens", "recall_store_mb",
+                  "recall_frames")
 
 Validator = Callable[[Any], "str | None"]  # an error message, or None when the value is fine
 
@@ -116,6 +117,11 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
                   "per eviction", in_range(0.0, 1.0)),
+    ParameterSpec("recall_store_mb", "double", 0.0, "recall: host memory (MB, per camera) for frames the policy "
+                  "evicted, oldest leaving first; each question gets the recall_frames that best match it back "
+                  "for its answer; 0 = off (bounded policies only)", in_range(0.0, 1_000_000.0)),
+    ParameterSpec("recall_frames", "integer", 4, "recall: stored frames put back for each answer",
+                  in_range(0, 1024)),
     ParameterSpec("frame_rate_hz", "double", 1.0, "frames per second of camera time (header stamps) fed to "
                   "the model, per camera, so a bag replayed at any speed feeds the same frames (the embedded "
                   "model was trained at 1 Hz)", in_range(0.0, 100.0, low_open=True), read_only=False),
@@ -173,6 +179,9 @@ def check_all(values: Mapping[str, Any]) -> dict[str, Any]:
     overlap = set(checked["image_topics"]) & set(checked["compressed_image_topics"])
     if overlap:
         raise ParameterError(f"{sorted(overlap)} listed as both a raw and a compressed image topic")
+    if checked["recall_store_mb"] > 0 and checked["cache_policy"] == "full":
+        raise ParameterError("recall_store_mb: recall brings back evicted frames and cache_policy full evicts none; "
+                             "set it to 0.0 or choose a bounded cache_policy")
     return checked
 
 

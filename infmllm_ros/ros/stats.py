@@ -63,8 +63,10 @@ class NodeStats:
         self._bad: Counter = Counter()
         self._queries: Counter = Counter()
         self._latency: dict[str, LatencyWindow] = defaultdict(LatencyWindow)
-        self._engine: dict[str, Any] = {"cache_tokens": 0, "cache_bytes": 0, "frames_seen": 0, "answering": False}
+        self._engine: dict[str, Any] = {"cache_tokens": 0, "cache_bytes": 0, "frames_seen": 0, "answering": False,
+                                        "recall_store_bytes": 0, "recall_frames_stored": 0}
         self._resets = 0
+        self._recalled_frames = 0
 
     def add_camera(self, camera: str) -> None:
         with self._lock:
@@ -85,6 +87,11 @@ class NodeStats:
         """outcome: one of QUERY_OUTCOMES; busy, no_frames, inactive and shutdown are also counted as refused."""
         with self._lock:
             self._queries[outcome] += 1
+
+    def count_recall(self, frames: int) -> None:
+        """Stored frames put back for one answer (recall)."""
+        with self._lock:
+            self._recalled_frames += frames
 
     def count_reset(self) -> None:
         with self._lock:
@@ -116,6 +123,10 @@ class NodeStats:
                 "frames_seen": engine["frames_seen"],
                 "cache_tokens": engine["cache_tokens"],
                 "cache_mb": round(engine["cache_bytes"] / 2**20, 3),
+                "recall": {"store_mb": round(engine["recall_store_bytes"] / 2**20, 3),
+                           "frames_stored": engine["recall_frames_stored"],
+                           "frames_recalled": self._recalled_frames,
+                           "frames_per_answer": round(self._recalled_frames / max(self._queries["answered"], 1), 3)},
                 "latency": {name: window.summary() for name, window in self._latency.items()},
                 **extra,
             }

@@ -42,7 +42,8 @@ def info_message(query_id: Any, question: str, status: str, reason: str = "", an
             "frames_seen": answer.frames_seen if answer else frames_seen,
             "cache_tokens": answer.cache_tokens if answer else cache_tokens,
             "tokens": answer.tokens if answer else 0, "ttft_ms": ms(answer.ttft_s) if answer else None,
-            "total_ms": ms(answer.total_s) if answer else None, "latency_ms": ms(latency_s)}
+            "total_ms": ms(answer.total_s) if answer else None, "latency_ms": ms(latency_s),
+            "recalled_stamps": list(answer.recalled_stamps) if answer else []}
 
 
 class Cancelled(Exception):
@@ -171,6 +172,7 @@ class SessionWorker:
             self._publish_engine_state()
         latency = time.monotonic() - query.received
         self.stats.count_query("answered")
+        self.stats.count_recall(len(answer.recalled_stamps))
         self.stats.add_latency("answer", latency)
         self.stats.add_latency("ttft", answer.ttft_s)
         self.publish_reply(info_message(query.id, query.question, "ok", answer=answer, latency_s=latency,
@@ -193,4 +195,6 @@ class SessionWorker:
 
     def _publish_engine_state(self) -> None:
         self.stats.set_engine(cache_tokens=self.sessions.cache_tokens, cache_bytes=self.sessions.cache_bytes,
-                              frames_seen=self.sessions.frames_seen)
+                              frames_seen=self.sessions.frames_seen,
+                              recall_store_bytes=self.sessions.recall_store_bytes,
+                              recall_frames_stored=self.sessions.recall_frames_stored)
