@@ -244,17 +244,21 @@ def main(argv=None) -> int:
         else:
             evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
     accuracy = result.accuracy()
+    ttfts = sorted(answer["ttft_s"] for answer in result.answers)
+    ttft_p50_ms = 1000 * ttfts[len(ttfts) // 2] if ttfts else None
+    store_mb = session.cache.store.megabytes if session.cache.store is not None else None
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes, "device": args.device,
                    "dtype": args.dtype, "quantization": args.quantization,
                    "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy,
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
                    "recall_store_mb": args.recall_store_mb, "recall_frames": args.recall_frames,
-                   "recall_hits": result.recall_hits,
+                   "recall_hits": result.recall_hits, "recall_store_mb_at_end": store_mb, "ttft_p50_ms": ttft_p50_ms,
                    "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
-    print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s\n")
+    print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s; "
+          f"time to first token p50 {ttft_p50_ms or float('nan'):.1f} ms\n")
     print("| family | correct | total | accuracy | 95 % interval |\n|---|---|---|---|---|")
     for family in FAMILIES:
         low, high = wilson_interval(result.correct[family], result.total[family])

@@ -53,7 +53,7 @@ def test_recalled_frames_are_the_evicted_ones_re_rotated_and_leave_after(tiny_mo
 
     cache.recall(chosen)
     assert cache.recalled_tokens == sum(frame.tokens for frame in chosen)
-    assert cache.length == length + cache.recalled_tokens <= cache.policy.max_length + cache.recalled_tokens
+    assert cache.length == length + cache.recalled_tokens
     for frame in chosen:
         end = frame.first_token + frame.tokens
         for (keys, values, positions), layer in zip(written[frame.first_token], cache.layers):
@@ -66,9 +66,19 @@ def test_recalled_frames_are_the_evicted_ones_re_rotated_and_leave_after(tiny_mo
             torch.testing.assert_close(shift_rotated_keys(back_keys, shift, cache.inv_freq), keys,
                                        atol=1e-4, rtol=1e-4)
             assert torch.equal(back_values, values)
-    for layer in cache.layers:   # slots stay in stream order, so a later eviction reads them right
-        order = layer.positions[..., 0]
-        assert bool((order[:, 1:] >= order[:, :-1]).all())
+    for layer in cache.layers:   # each recalled frame sits, in one piece, where the stream put it
+        recalled = layer.segments < 0
+        for head in range(layer.keys.shape[1]):
+            index = layer.token_index[head]
+            for frame in chosen:
+                slots = (recalled[head] & (index >= frame.first_token)
+                         & (index < frame.first_token + frame.tokens)).nonzero()[:, 0]
+                assert torch.equal(slots, torch.arange(int(slots[0]), int(slots[0]) + frame.tokens))
+                before_it, after_it = index[:slots[0]][~recalled[head, :slots[0]]], index[slots[-1] + 1:]
+                assert bool((before_it < frame.first_token).all())
+                assert bool((after_it[~recalled[head, slots[-1] + 1:]] >= frame.first_token).all())
+            cached = index[~recalled[head]]
+            assert bool((cached[1:] > cached[:-1]).all()), "the cached tokens keep their order"
 
     cache.release_recalled()
     assert cache.recalled_tokens == 0 and cache.length == length
@@ -120,6 +130,41 @@ def test_an_answer_with_recall_stays_within_the_allowance_and_leaves_no_trace(ti
     assert all(bool((layer.segments >= 0).all()) for layer in cache.layers)
     # the question was fed twice (once to read its queries) but is in the stream once
     assert cache.tokens_seen - seen_before == len(question_tokens) + answer.tokens
+
+
+def test_recall_reserves_its_room_and_skips_frames_still_mostly_cached(tiny_model_dirs):
+    session = session_for(tiny_model_dirs["llava-llama"], "infmllm", **RECALL)
+    for index, image in enumerate(frames(30)):
+        session.add_frame(image, stamp=float(index))
+    cache, store = session.cache, session.cache.store
+    storage = [layer.key_store.store.data_ptr() for layer in cache.layers]
+    answer = session.ask("what is in view ?")
+    assert answer.recalled_stamps
+    assert [layer.key_store.store.data_ptr() for layer in cache.layers] == storage, \
+        "the recall allowance was reserved: no cache copy for a recalled answer"
+    share = cache.cached_share(*store.spans())
+    assert share.shape == (len(store),) and bool(((share >= 0) & (share <= 1)).all())
+    recalled = {frame.first_token for frame in store.frames if frame.stamp in answer.recalled_stamps}
+    firsts = store.spans()[0].tolist()
+    # the kept share of the frames chosen, as they were then, was at most half (they went back after)
+    assert all(float(share[firsts.index(first)]) <= 0.5 + 1e-6 for first in recalled)
+
+
+def test_a_recall_that_fails_part_way_is_still_taken_out(tiny_model_dirs):
+    session = session_for(tiny_model_dirs["llava-llama"], "infmllm", **RECALL)
+    for index, image in enumerate(frames(30)):
+        session.add_frame(image, stamp=float(index))
+    cache = session.cache
+    length = cache.length
+    broken = list(cache.store.frames)[:1]
+    assert len(cache.layers) >= 2
+    broken[0] = type(broken[0])(stamp=None, first_token=broken[0].first_token, keys=broken[0].keys[:1],
+                                values=broken[0].values[:1], positions=broken[0].positions)   # the first layer only
+    with pytest.raises(IndexError):
+        cache.recall(broken)
+    cache.release_recalled()
+    assert cache.recalled_tokens == 0 and all(layer.length == length for layer in cache.layers)
+    assert all(bool((layer.segments >= 0).all()) for layer in cache.layers)
 
 
 def test_an_eviction_while_frames_are_recalled_takes_them_out_first(tiny_model_dirs):

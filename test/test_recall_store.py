@@ -96,7 +96,7 @@ def test_frame_scores_are_one_softmax_over_every_stored_token():
 
 def test_the_cache_stores_each_evicted_frame_whole_and_exactly():
     """Through a real session: a frame reaches the store the first time an eviction takes any of its
-    tokens, with every layer's keys (turned back to the frame's start; re-rotated to where they were
+    tokens, with every layer's keys (each turned back by its position; re-rotated to where they were
     written they are the keys written, to float rounding) and values (unchanged)."""
     from infmllm_ros.engine.rope import shift_rotated_keys
     from infmllm_ros.engine.session import SessionConfig, StreamingSession
@@ -124,7 +124,7 @@ def test_the_cache_stores_each_evicted_frame_whole_and_exactly():
         assert frame.stamp == float(sorted(written).index(frame.first_token))
         for (keys, values, positions), back, kept_values in zip(written[frame.first_token], frame.keys, frame.values):
             base = positions.amin(dim=(1, 2))
-            again = shift_rotated_keys(back, base[:, None].expand(-1, back.shape[1]), cache.inv_freq)
+            again = shift_rotated_keys(back, positions[..., 0], cache.inv_freq)   # each key turned back by its own
             torch.testing.assert_close(again, keys, atol=1e-4, rtol=1e-4)   # re-rotated a few times in fp32
             assert torch.equal(kept_values, values)
             assert torch.equal(frame.positions, positions[0] - base[0])

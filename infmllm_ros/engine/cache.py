@@ -37,8 +37,9 @@ class ChunkLayout:
 
 class ReservedTokens:
     """A (1, heads, tokens, dim) tensor with room reserved ahead along the token axis: appending
-    writes in place; `capacity` (a bounded policy's budget + chunk) is reserved at once, and without
-    one the room doubles, so appends stay amortised O(new tokens). Writes run in inference mode
+    writes in place; `capacity` (a bounded policy's budget + chunk, + the recall allowance) is
+    reserved at once, and without one, or past it, the room doubles, so appends stay amortised
+    O(new tokens). Writes run in inference mode
     (the cache serves inference only): the storage is made inside a forward and evictions write to
     it between forwards."""
 
@@ -51,7 +52,7 @@ class ReservedTokens:
     def append(self, new: torch.Tensor) -> torch.Tensor:
         needed = self.length + new.shape[2]
         if self.store is None or needed > self.store.shape[2]:
-            room = max(needed, self.capacity or 2 * needed)
+            room = self.capacity if self.capacity and needed <= self.capacity else 2 * needed
             grown = new.new_empty(new.shape[0], new.shape[1], room, new.shape[3])
             if self.length:
                 grown[:, :, :self.length] = self.view()
@@ -179,10 +180,11 @@ class BoundedCache(Cache):
     """
 
     def __init__(self, num_layers: int, policy: CachePolicy, inv_freq: torch.Tensor, positions,
-                 store: RecallStore | None = None) -> None:
+                 store: RecallStore | None = None, recall_allowance: int = 0) -> None:
         """`positions`: the model's position scheme (adapters.positions_for): 1-D RoPE or M-RoPE.
-        `store`: where whole frames go the first time an eviction takes any of their tokens."""
-        capacity = policy.max_length if policy.max_length != float("inf") else None
+        `store`: where whole frames go the first time an eviction takes any of their tokens;
+        `recall_allowance`: the tokens of the frames one answer may recall (reserved ahead too)."""
+        capacity = policy.max_length + recall_allowance if policy.max_length != float("inf") else None
         super().__init__(layers=[BoundedLayer(capacity) for _ in range(num_layers)])
         self.policy = policy
         self.inv_freq = inv_freq
@@ -267,8 +269,9 @@ class BoundedCache(Cache):
         self.unstored_frames = staying
 
     def _whole_frame(self, first: int, end: int, stamp: float | None) -> StoredFrame:
-        """Every layer's keys (turned back so the frame starts at position 0) and values of the
-        stream tokens [first, end), which every layer and head still holds."""
+        """Every layer's keys and values of the stream tokens [first, end), which every layer and
+        head still holds; each key turned back by its own position (its temporal axis under M-RoPE),
+        so it compares with a query before RoPE, and its positions relative to the frame's start."""
         keys, values, relative = [], [], None
         for layer in self.layers:
             heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
@@ -277,7 +280,7 @@ class BoundedCache(Cache):
             positions = layer.positions.gather(1, slots[..., None].expand(-1, -1, 3))
             base = positions.amin(dim=(1, 2))                                  # per head: the frame's start
             gathered = layer.keys[0].gather(1, slots[..., None].expand(-1, -1, dim))
-            keys.append(shift_rotated_keys(gathered, -base[:, None].expand(-1, end - first), self.inv_freq))
+            keys.append(shift_rotated_keys(gathered, -positions[..., 0], self.inv_freq))
             values.append(layer.values[0].gather(1, slots[..., None].expand(-1, -1, layer.values.shape[-1])))
             relative = positions[0] - base[0] if relative is None else relative
         return StoredFrame(stamp=stamp, first_token=first, keys=keys, values=values, positions=relative)
@@ -302,6 +305,7 @@ class BoundedCache(Cache):
             raise RuntimeError("frames are already recalled: release them first")
         if not frames:
             return
+        self.recalled_tokens = sum(frame.tokens for frame in frames)   # first: a failure below is released too
         index = torch.cat([frame.first_token + torch.arange(frame.tokens) for frame in frames])
         # each frame just before its first stream index (so before any of its own kept tokens), in frame order
         order = torch.cat([frame.first_token - 1 + torch.arange(1, frame.tokens + 1, dtype=torch.float64)
@@ -310,21 +314,24 @@ class BoundedCache(Cache):
         positions = torch.cat([frame.positions for frame in frames])   # frame-relative: keys are rotated there
         for number, layer in enumerate(self.layers):
             heads, device = layer.keys.shape[1], layer.keys.device
-            layer.insert(torch.cat([frame.keys[number] for frame in frames], dim=1).to(layer.keys),
+            keys = [shift_rotated_keys(frame.keys[number].to(layer.keys),
+                                       _per_head(frame.positions[:, 0], heads, device), self.inv_freq)
+                    for frame in frames]   # rotated to the frame-relative positions they are inserted at
+            layer.insert(torch.cat(keys, dim=1),
                          torch.cat([frame.values[number] for frame in frames], dim=1).to(layer.values),
                          _per_head(positions, heads, device), _per_head(segments, heads, device),
                          _per_head(index, heads, device),
                          torch.cat([layer.token_index.double(), _per_head(order, heads, device)], dim=1))
-        self.recalled_tokens = sum(frame.tokens for frame in frames)
         self._reindex()
 
     def release_recalled(self) -> None:
-        """Take recalled frames out again (and re-index): the bounded cache is as the answer left it."""
+        """Take recalled frames out again (and re-index): the bounded cache is as the answer left it.
+        Each layer drops what it holds of them (all, or nothing if a recall failed before reaching it)."""
         if not self.recalled_tokens:
             return
         for layer in self.layers:
-            heads = layer.keys.shape[1]
-            layer.keep((layer.segments >= 0).nonzero()[:, 1].view(heads, -1))
+            if bool((layer.segments < 0).any()):
+                layer.keep((layer.segments >= 0).nonzero()[:, 1].view(layer.keys.shape[1], -1))
         self.recalled_tokens = 0
         self._reindex()
 
@@ -343,6 +350,17 @@ class BoundedCache(Cache):
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
+
+    def cached_share(self, firsts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Per frame [firsts[i], ends[i]) (stream indices, ascending, disjoint): the share of its tokens
+        still cached, averaged over layers and KV heads (recalled copies not counted)."""
+        share = torch.zeros(len(firsts))
+        for layer in self.layers:
+            index = layer.token_index[layer.segments >= 0].cpu()
+            frame = torch.searchsorted(firsts, index, right=True) - 1
+            inside = (frame >= 0) & (index < ends[frame.clamp(min=0)])
+            share += torch.bincount(frame[inside], minlength=len(firsts)).float() / layer.keys.shape[1]
+        return share / len(self.layers) / (ends - firsts).float()
 
     def kept_share(self, spans: list[tuple[int, int]]) -> float:
         """Share of the stream tokens in `spans` ([start, end) stream indices) still cached, averaged

@@ -2,17 +2,17 @@
 
 Inf-MLLM, StreamingLLM and H2O forget for good what they evict; ReKV and LiveVLM keep evicted video
 KV off the accelerator and bring back the frames a question needs. This module is the store: whole
-frames (every layer's keys and values; keys turned back to position 0, so they can be re-rotated
-exactly to wherever they are re-inserted), bounded to `capacity_mb` with the oldest frames leaving
+frames (every layer's keys and values; each key turned back by its position, so it compares with
+a query before RoPE and can be re-rotated exactly to wherever it is re-inserted), bounded to `capacity_mb` with the oldest frames leaving
 first, and the choice of frames for a question: the attention the question's queries would give
 each stored frame (positions aside). It knows nothing of models, policies or ROS.
 
 Why attention and not a small index per frame (a mean key, as ReKV-style retrieval often keeps):
-measured on the embedded model's 10-minute episodes (seed 2000, infmllm at a 5 % budget), a
-question's mean query against each frame's mean key found a frame of the evidence for 19 of 55
-distant questions with 4 frames recalled, and the answers got worse than with no recall (13 against
-20 of 55): averaging a frame's 16 patches washes out the one object asked about. Scoring costs one
-attention pass of the question's tokens over the store, which the store's keys already allow.
+in a one-off comparison while building this (the embedded model, one 10-minute episode, infmllm at
+a 5 % budget, 4 frames recalled), a question's mean query against each frame's mean key found a
+frame of the evidence for 19 of 55 distant questions, attention over the frames' tokens for 23:
+averaging a frame's 16 patches washes out the one object asked about. Scoring costs one attention
+pass of the question's last token over the store, which the store's keys already allow.
 
 The cache hands it each frame an eviction first takes tokens of (`BoundedCache(store=...)`); for a
 question the session scores the stored frames against the question's queries (`probe.QueryProbe`),
@@ -29,7 +29,9 @@ import torch
 
 @dataclass
 class StoredFrame:
-    """One frame's tokens, all layers: keys (un-rotated) and values, per layer (kv_heads, tokens, dim)."""
+    """One frame's tokens, all layers: keys and values, per layer (kv_heads, tokens, dim). Keys are
+    turned back by their position's temporal axis: un-rotated under 1-D RoPE; under M-RoPE a visual
+    token keeps the rotation of its place in the frame's grid (height, width bands)."""
 
     stamp: float | None
     first_token: int                  # the frame's first token's index in the whole stream
@@ -88,20 +90,28 @@ class RecallStore:
             self.bytes -= self.frames.popleft().nbytes
             self.dropped += 1
 
-    def best(self, queries: list[torch.Tensor], count: int) -> list[StoredFrame]:
+    def best(self, queries: list[torch.Tensor], count: int, skip: torch.Tensor | None = None) -> list[StoredFrame]:
         """The `count` stored frames a question attends to most, returned in stream order.
 
         queries: per layer, the question's un-rotated queries grouped by the KV head they read,
         (kv_heads, n, head_dim). Each frame's score is the attention mass the queries would give its
         tokens if the whole store were their context (positions aside), summed over queries, heads
-        and layers."""
+        and layers. `skip` (frames,) bool: frames not to choose (e.g. still mostly cached)."""
         if count < 0:
             raise ValueError(f"recall_frames must be >= 0, got {count}")
         if not self.frames or count == 0:
             return []
         scores = self.attention(queries)
-        chosen = scores.topk(min(count, len(self.frames))).indices.tolist()
+        if skip is not None:
+            scores = scores.masked_fill(skip, float("-inf"))
+        count = min(count, int(scores.isfinite().sum()))
+        chosen = scores.topk(count).indices.tolist()
         return sorted((self.frames[i] for i in chosen), key=lambda frame: frame.first_token)
+
+    def spans(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each stored frame's stream span: (first tokens, ends), in stream order."""
+        firsts = torch.tensor([frame.first_token for frame in self.frames])
+        return firsts, firsts + torch.tensor([frame.tokens for frame in self.frames])
 
     def attention(self, queries: list[torch.Tensor], frames_at_once: int = 256) -> torch.Tensor:
         """Attention mass per stored frame (frames,), as `best` scores them.

@@ -139,7 +139,8 @@ class StreamingSession:
         text_model = self.model.get_decoder()
         store = RecallStore(self.config.recall_store_mb) if self.config.recall_store_mb > 0 else None
         self.cache = BoundedCache(self.model.config.get_text_config().num_hidden_layers, self.config.make_policy(),
-                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions, store=store)
+                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions, store=store,
+                                  recall_allowance=self.config.recall_frames * self.frame_tokens if store is not None else 0)
         self.frames_seen = 0
         self.newest_frame_stamp = None
 
@@ -242,7 +243,9 @@ class StreamingSession:
         with self.probe.attached():
             self._forward({"input_ids": ids}, score_keys=False)
         self.cache.forget_newest(ids.shape[-1])
-        frames = store.best(self.probe.grouped(), self.config.recall_frames)
+        # a frame the policy still mostly keeps would only come back twice
+        mostly_cached = self.cache.cached_share(*store.spans()) > 0.5
+        frames = store.best(self.probe.grouped(), self.config.recall_frames, skip=mostly_cached)
         self.cache.recall(frames)
         return tuple(frame.stamp for frame in frames), self._forward({"input_ids": ids})[0]
 

@@ -67,11 +67,13 @@ class CameraSessions:
 
     @property
     def recall_store_bytes(self) -> int:
-        return sum(session.cache.store.bytes for session in self.sessions.values() if session.cache.store)
+        stores = (session.cache.store for session in self.sessions.values())
+        return sum(store.bytes for store in stores if store is not None)
 
     @property
     def recall_frames_stored(self) -> int:
-        return sum(len(session.cache.store) for session in self.sessions.values() if session.cache.store)
+        stores = (session.cache.store for session in self.sessions.values())
+        return sum(len(store) for store in stores if store is not None)
 
     def newest_stamps(self) -> dict[str, float | None]:
         return {camera: session.newest_frame_stamp for camera, session in self.sessions.items()}
