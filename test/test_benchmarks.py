@@ -124,7 +124,11 @@ def test_quality_scored_in_worker_processes_matches_one_process():
     arguments = (str(embedded_model_path()), 2, 24.0, (0.25,), ("streaming", "infmllm"))
     alone = run_quality(*arguments, workers=1)
     pooled = run_quality(*arguments, workers=2)
-    assert json.dumps(alone, sort_keys=True) == json.dumps(pooled, sort_keys=True)   # NaN cells compare too
+
+    def answers_and_evidence(rows):   # timings (ttft_p50_ms) differ between any two runs
+        return json.dumps([{k: v for k, v in row.items() if not k.endswith("_ms")} for row in rows], sort_keys=True)
+    assert all(row["ttft_p50_ms"] > 0 for row in alone + pooled)
+    assert answers_and_evidence(alone) == answers_and_evidence(pooled)   # NaN cells compare too
     assert alone[0]["n_current"] > 0 and alone[1]["budget"] == int(0.25 * alone[1]["stream_tokens"])
 
 
