@@ -101,3 +101,24 @@ def test_full_cache_storage_grows_by_doubling(tiny_model_dirs):
     tokens = session.cache_tokens
     assert session.cache.layers[0].key_store.store.shape[2] < 2 * tokens + 64
     assert reallocations <= 2 + tokens.bit_length()   # amortised: O(log tokens) copies, not one per frame
+
+
+@pytest.mark.slow
+def test_recall_store_and_cache_stay_bounded_over_a_long_stream(tiny_model_dirs):
+    """1,200 frames (20 minutes at 1 Hz; the store is full after ~90) with recall on: the store never
+    passes recall_store_mb (oldest frames leave), the cache never passes budget + chunk, nor + the
+    recall allowance while an answer has frames back. (An hour took 3.5 min here: too long for CI.)"""
+    session = session_for(tiny_model_dirs["llava-llama"], "infmllm", cache_budget=48, recent_window=16,
+                          eviction_chunk=16, recall_store_mb=0.05, recall_frames=2)
+    pool = frames(16, seed=7)
+    store, cache = session.cache.store, session.cache
+    allowance = 2 * session.frame_tokens
+    for index in range(1200):
+        session.add_frame(pool[index % len(pool)], stamp=float(index))
+        assert store.bytes <= store.capacity_bytes and cache.length <= cache.policy.max_length
+        if index % 300 == 299:
+            pieces = session.stream("what is in view ?")
+            for _ in pieces:
+                assert cache.length <= cache.policy.max_length + allowance
+            assert cache.recalled_tokens == 0
+    assert store.dropped > 100 and len(store) > 0 and store.added == store.dropped + len(store)
