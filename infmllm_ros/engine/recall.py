@@ -2,10 +2,11 @@
 
 Inf-MLLM, StreamingLLM and H2O forget for good what they evict; ReKV and LiveVLM keep evicted video
 KV off the accelerator and bring back the frames a question needs. This module is the store: whole
-frames (every layer's keys and values; each key turned back by its position, so it compares with
-a query before RoPE and can be re-rotated exactly to wherever it is re-inserted), bounded to `capacity_mb` with the oldest frames leaving
-first, and the choice of frames for a question: the attention the question's queries would give
-each stored frame (positions aside). It knows nothing of models, policies or ROS.
+frames (every layer's keys and values; each key turned back by its position, so it compares with a
+query before RoPE and can be re-rotated exactly to wherever it is re-inserted), bounded to
+`capacity_mb` with the oldest frames leaving first, and the choice of frames for a question: the
+attention the question's queries would give each stored frame (positions aside). It knows nothing
+of models, policies or ROS.
 
 Why attention and not a small index per frame (a mean key, as ReKV-style retrieval often keeps):
 in a one-off comparison while building this (the embedded model, one 10-minute episode, infmllm at

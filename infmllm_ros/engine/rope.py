@@ -46,7 +46,8 @@ def packed_positions(positions: torch.Tensor, segments: torch.Tensor) -> tuple[t
 
     positions: (heads, tokens, 3) current positions (all three axes equal for plain RoPE);
     segments: (heads, tokens) id of the group a token is shifted with (a frame's visual tokens
-    share one; text tokens have their own), non-decreasing along tokens.
+    share one; text tokens have their own); a group's tokens are contiguous, and only where the id
+    changes matters (frames put back by recall carry negative ids between the stream's).
     Each segment keeps its internal offsets; segment k starts one past the end of segment k-1,
     and the first segment starts at 0. Returns (new_positions, span) where span (heads,) is one
     past the largest new position: the head's next free position.

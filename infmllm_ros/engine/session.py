@@ -137,10 +137,11 @@ class StreamingSession:
     def reset(self) -> None:
         """Forget the stream: an empty cache, positions from zero."""
         text_model = self.model.get_decoder()
-        store = RecallStore(self.config.recall_store_mb) if self.config.recall_store_mb > 0 else None
+        recall = self.config.recall_store_mb > 0
         self.cache = BoundedCache(self.model.config.get_text_config().num_hidden_layers, self.config.make_policy(),
-                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions, store=store,
-                                  recall_allowance=self.config.recall_frames * self.frame_tokens if store is not None else 0)
+                                  text_model.rotary_emb.inv_freq.detach().clone(), self.positions,
+                                  store=RecallStore(self.config.recall_store_mb) if recall else None,
+                                  recall_allowance=self.config.recall_frames * self.frame_tokens if recall else 0)
         self.frames_seen = 0
         self.newest_frame_stamp = None
 
