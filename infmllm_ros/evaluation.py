@@ -57,6 +57,12 @@ def check_evaluable(session: StreamingSession, model_dir: Path) -> None:
                                "the model was trained with on the synthetic world")
 
 
+def _tally(table: dict[str, list[int]], key: str, hits: int, total: int) -> None:
+    counts = table.setdefault(key, [0, 0])
+    counts[0] += hits
+    counts[1] += total
+
+
 @dataclass
 class EvalResult:
     correct: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FAMILIES})
@@ -76,14 +82,15 @@ class EvalResult:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
 
     def count_kind(self, kind: str, right: int, asked: int) -> None:
-        counts = self.by_kind.setdefault(kind, [0, 0])
-        counts[0] += right
-        counts[1] += asked
+        _tally(self.by_kind, kind, right, asked)
 
     def count_recall(self, family: str, hits: int, recalled: int) -> None:
-        counts = self.recall_hits.setdefault(family, [0, 0])
-        counts[0] += hits
-        counts[1] += recalled
+        _tally(self.recall_hits, family, hits, recalled)
+
+    def ttft_p50_ms(self) -> float:
+        """Median time to first token of the answers scored (nan when none)."""
+        ttfts = sorted(answer["ttft_s"] for answer in self.answers)
+        return 1000 * ttfts[len(ttfts) // 2] if ttfts else float("nan")
 
     def merge(self, other: "EvalResult") -> None:
         """Add another run's counts and records to this one (episodes scored in other processes)."""
@@ -244,8 +251,7 @@ def main(argv=None) -> int:
         else:
             evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
     accuracy = result.accuracy()
-    ttfts = sorted(answer["ttft_s"] for answer in result.answers)
-    ttft_p50_ms = 1000 * ttfts[len(ttfts) // 2] if ttfts else None
+    ttft_p50_ms = result.ttft_p50_ms()
     store_mb = session.cache.store.megabytes if session.cache.store is not None else None
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes, "device": args.device,
@@ -258,7 +264,7 @@ def main(argv=None) -> int:
         print()
         return 0
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s; "
-          f"time to first token p50 {ttft_p50_ms or float('nan'):.1f} ms\n")
+          f"time to first token p50 {ttft_p50_ms:.1f} ms\n")
     print("| family | correct | total | accuracy | 95 % interval |\n|---|---|---|---|---|")
     for family in FAMILIES:
         low, high = wilson_interval(result.correct[family], result.total[family])

@@ -174,8 +174,8 @@ def quant_suite(suite: Suite, model_path: str, args) -> None:
     suite.plot(bar_plot(suite.file, measured, "mode", ["model_mb", "decode_ms", "acc_current"], suite.out))
 
 
-RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "overhead": overhead_suite, "text": text_suite,
-           "node": node_suite, "realsize": realsize_suite, "quant": quant_suite}
+RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "overhead": overhead_suite,
+           "text": text_suite, "node": node_suite, "realsize": realsize_suite, "quant": quant_suite}
 
 
 def parser() -> argparse.ArgumentParser:

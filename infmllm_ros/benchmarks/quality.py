@@ -31,9 +31,7 @@ RECENT_SHARE = 0.25  # of each budget, the newest tokens always kept (infmllm, h
 
 def cell_row(policy: str, budget, share: str, result: EvalResult) -> dict:
     accuracy, kept = result.accuracy(), result.mean_evidence_kept()
-    ttfts = sorted(answer["ttft_s"] for answer in result.answers)
-    row = {"policy": policy, "budget": budget, "share": share,
-           "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2] if ttfts else float("nan")}
+    row = {"policy": policy, "budget": budget, "share": share, "ttft_p50_ms": result.ttft_p50_ms()}
     if result.recall_hits:
         hits, recalled = result.recall_hits.get("distant", (0, 0))
         row["recall_found_distant"] = 100 * hits / recalled if recalled else float("nan")

@@ -237,8 +237,10 @@ class StreamingSession:
         chunk allows), so the recalled frames normally stay for all of it; an eviction the answer
         still needs takes them out first."""
         store = self.cache.store
+        if store is None or not len(store) or self.config.recall_frames == 0:
+            return (), self.add_text(question)
         ids = self.tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        if store is None or not len(store) or self.config.recall_frames == 0 or ids.shape[-1] > self.policy.chunk:
+        if ids.shape[-1] > self.policy.chunk:
             return (), self.add_text(question)
         self.cache.make_room(min(ids.shape[-1] + limit, self.policy.chunk))
         with self.probe.attached():
