@@ -77,6 +77,8 @@ class EvalResult:
     #: with frames recalled]: whether the question found its frames
     recall_hits: dict[str, list[int]] = field(default_factory=dict)
     store_mb: float = 0.0   # recall only: the largest store an episode ended with
+    frames: int = 0         # frames streamed, and the tokens they appended (fewer with temporal pruning)
+    frame_tokens: int = 0
 
     def accuracy(self) -> dict[str, float]:
         return {f: self.correct[f] / self.total[f] if self.total[f] else float("nan") for f in FAMILIES}
@@ -86,6 +88,9 @@ class EvalResult:
 
     def count_recall(self, family: str, hits: int, recalled: int) -> None:
         _tally(self.recall_hits, family, hits, recalled)
+
+    def tokens_per_frame(self) -> float:
+        return self.frame_tokens / self.frames if self.frames else float("nan")
 
     def ttft_p50_ms(self) -> float:
         """Median time to first token of the answers scored (nan when none)."""
@@ -103,6 +108,8 @@ class EvalResult:
         for family, (hits, recalled) in other.recall_hits.items():
             self.count_recall(family, hits, recalled)
         self.store_mb = max(self.store_mb, other.store_mb)
+        self.frames += other.frames
+        self.frame_tokens += other.frame_tokens
         self.mistakes += other.mistakes
         self.answers += other.answers
 
@@ -147,7 +154,9 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
             ask(session, question, seed, result, frames)
             question = next(pending, None)
         start = session.cache.tokens_seen
-        session.add_frame(rendered[k] if rendered is not None else episode.render(t), stamp=t)
+        timing = session.add_frame(rendered[k] if rendered is not None else episode.render(t), stamp=t)
+        result.frames += 1
+        result.frame_tokens += timing.tokens
         frames.stamps.append(t)
         frames.spans.append((start, session.cache.tokens_seen))
     while question is not None:
@@ -217,6 +226,9 @@ def main(argv=None) -> int:
     parser.add_argument("--recall-store-mb", type=float, default=0.0,
                         help="keep evicted frames (MB, host memory) and recall the best for each question")
     parser.add_argument("--recall-frames", type=int, default=4, help="frames recalled per question")
+    parser.add_argument("--prune-similarity", type=float, default=0.0,
+                        help="temporal pruning: leave out visual tokens this cosine-similar to their patch's last "
+                             "appended one (0 = off)")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--duration", type=float, default=64.0, help="seconds of camera time per episode")
     parser.add_argument("--first-seed", type=int, default=1)
@@ -238,7 +250,8 @@ def main(argv=None) -> int:
                                                  device=args.device, dtype=args.dtype,
                                                  quantization=args.quantization,
                                                  recall_store_mb=args.recall_store_mb,
-                                                 recall_frames=args.recall_frames))
+                                                 recall_frames=args.recall_frames,
+                                                 prune_similarity=args.prune_similarity))
         check_evaluable(session, resolve_model_path(args.model_path))
     except (ModelLoadError, NotEvaluable, ValueError) as error:
         print(f"infmllm-eval: {error}", file=sys.stderr)
@@ -260,11 +273,13 @@ def main(argv=None) -> int:
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
                    "recall_store_mb": args.recall_store_mb, "recall_frames": args.recall_frames,
                    "recall_hits": result.recall_hits, "recall_store_mb_at_end": store_mb, "ttft_p50_ms": ttft_p50_ms,
+                   "prune_similarity": args.prune_similarity, "tokens_per_frame": result.tokens_per_frame(),
                    "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s; "
-          f"time to first token p50 {ttft_p50_ms:.1f} ms\n")
+          f"time to first token p50 {ttft_p50_ms:.1f} ms; {result.tokens_per_frame():.1f} tokens appended per frame"
+          f"{f' (prune_similarity {args.prune_similarity:g})' if args.prune_similarity else ''}\n")
     print("| family | correct | total | accuracy | 95 % interval |\n|---|---|---|---|---|")
     for family in FAMILIES:
         low, high = wilson_interval(result.correct[family], result.total[family])

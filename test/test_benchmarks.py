@@ -71,6 +71,17 @@ def test_recall_quick_sets_infmllm_with_recall_beside_the_policies(tmp_path, cap
     assert "| policy | share | ttft_p50_ms | store_mb |" in capsys.readouterr().out
 
 
+def test_pruning_quick_trades_tokens_per_frame_against_accuracy(tmp_path, capsys):
+    rows = run_quick("pruning", tmp_path)["rows"]
+    assert [row["prune_similarity"] for row in rows] == [0.0, 0.99]
+    off, pruned = rows
+    assert off["tokens_per_frame"] == 17 and off["kept_pct"] == pytest.approx(100.0)   # the embedded model's frame
+    assert 1 <= pruned["tokens_per_frame"] < off["tokens_per_frame"], "some repeated patches left out, text kept"
+    for row in rows:
+        assert row["n_current"] > 0 and row["lo_current"] <= row["acc_current"] <= row["hi_current"]
+    assert "| setting | prune_similarity | tokens_per_frame |" in capsys.readouterr().out
+
+
 def test_overhead_quick_measures_every_policy_and_per_token_eviction(tmp_path):
     payload = run_quick("overhead", tmp_path)
     steps = {row["config"]: row for row in payload["steps"]}

@@ -208,3 +208,19 @@ def test_recall_is_reported_in_the_answer_and_in_stats_and_reset_empties_the_sto
         assert stats.snapshot()["recall"]["frames_stored"] == 0, "a reset forgets the stored frames too"
     finally:
         assert worker.stop()
+
+
+def test_pruned_tokens_are_reported_in_stats(random_model_dir):
+    worker, queue, stats, replies = start_worker(random_model_dir, prune_similarity=0.99)
+    try:
+        still = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+        for second in range(4):   # a static camera: every frame after the first repeats all its patches
+            queue.put_frame("cam", Frame(still.copy(), stamp=float(second), received=0.0))
+            assert wait_until(lambda: stats.snapshot()["cameras"].get("cam", {}).get("fed") == second + 1, 30)
+        session = worker.sessions.session("cam")[1]
+        visual = session.pruner.visual_tokens // 4
+        pruning = stats.snapshot()["pruning"]
+        assert pruning["pruned_per_frame"] == 3 * visual / 4
+        assert pruning["appended_per_frame"] == session.cache.tokens_seen / 4
+    finally:
+        assert worker.stop()

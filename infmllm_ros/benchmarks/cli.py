@@ -1,7 +1,7 @@
 """`infmllm-bench`: measure every cache policy side by side, in one run on one machine.
 
 Suites (each prints a markdown table and writes bench/results/<suite>[_quick].json and .png):
-scale, quality, recall, overhead, text, node, realsize, quant; `all` runs scale, quality, overhead,
+scale, quality, recall, pruning, overhead, text, node, realsize, quant; `all` runs scale, quality, overhead,
 text, node and realsize, in that order, with one progress bar. `--quick` is the small size CI
 smoke-tests; without it, `all` takes about an hour and a half on a 2-core CPU.
 """
@@ -22,15 +22,16 @@ from infmllm_ros.synthetic import FAMILIES
 
 from .node_e2e import run_node_e2e
 from .overhead import run_overhead
+from .pruning import THRESHOLDS, run_pruning
 from .quality import BOUNDED, BUDGET_SHARES, RECALL_FRAMES, RECALL_SHARES, RECALL_STORE_MB, run_quality
 from .quant import run_quant
 from .realsize import FULL_SIZE, QUICK_SIZE, realsize_plot, run_realsize
-from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, write_json
+from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, tradeoff_plot, write_json
 from .scale import METRICS, POLICIES, ratios, run_scale
 from .text_stream import VARIANTS, run_text
 from .two_cameras import JPEG_HZ, RAW_HZ, run_two_cameras
 
-SUITES = ("scale", "quality", "recall", "overhead", "text", "node", "realsize", "quant")
+SUITES = ("scale", "quality", "recall", "pruning", "overhead", "text", "node", "realsize", "quant")
 ALL = ("scale", "quality", "overhead", "text", "node", "realsize")
 
 
@@ -94,6 +95,34 @@ def recall_suite(suite: Suite, model_path: str, args) -> None:
                 "token, store size, and the distant questions whose recalled frames include one of the evidence's",
                 rows, ["policy", "share", "ttft_p50_ms", "store_mb", "recall_found_distant"])
     suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
+
+
+#: the node's default for the embedded model: infmllm, 1,024 tokens (16 frames), recent 256
+NODE_DEFAULT_BUDGET = 1024
+
+
+def pruning_suite(suite: Suite, model_path: str, args) -> None:
+    """Accuracy against tokens appended per frame: the full cache on 64 s episodes, and the node's
+    default cache on 10-minute ones."""
+    if suite.quick:
+        settings, thresholds = [("full", 0, 2, 32.0)], (0.0, 0.99)
+    else:
+        settings = [("full", 0, 20, 64.0), ("infmllm", NODE_DEFAULT_BUDGET, args.episodes, 600.0)]
+        thresholds = THRESHOLDS
+    rows = []
+    for policy, budget, episodes, duration in settings:
+        rows += run_pruning(model_path, episodes, duration, policy, budget, thresholds, args.spacing, args.workers)
+    for row in rows:
+        for family in FAMILIES:
+            row[family] = (f"{row[f'acc_{family}']:.1f} ({row[f'lo_{family}']:.0f}-{row[f'hi_{family}']:.0f})"
+                           if row[f"n_{family}"] else "-")
+    suite.table("Temporal pruning: tokens appended per frame and accuracy % (95 % Wilson interval) by "
+                "prune_similarity (0 = off)", rows,
+                ["setting", "prune_similarity", "tokens_per_frame", "kept_pct", *FAMILIES,
+                 *(f"n_{f}" for f in FAMILIES)])
+    suite.save({"rows": rows, "settings": settings, "thresholds": list(thresholds), "spacing_s": args.spacing})
+    suite.plot(tradeoff_plot(suite.file, rows, FAMILIES, "tokens_per_frame", "setting", "prune_similarity",
+                             suite.out))
 
 
 def quality_tables(suite: Suite, rows: list[dict], episodes: int, duration: float, args) -> None:
@@ -174,8 +203,9 @@ def quant_suite(suite: Suite, model_path: str, args) -> None:
     suite.plot(bar_plot(suite.file, measured, "mode", ["model_mb", "decode_ms", "acc_current"], suite.out))
 
 
-RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "overhead": overhead_suite,
-           "text": text_suite, "node": node_suite, "realsize": realsize_suite, "quant": quant_suite}
+RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "pruning": pruning_suite,
+           "overhead": overhead_suite, "text": text_suite, "node": node_suite, "realsize": realsize_suite,
+           "quant": quant_suite}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -202,17 +202,25 @@ class BoundedCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
-    def admit(self, inputs: dict, frame: bool = False, stamp: float | None = None) -> tuple[torch.Tensor, bool]:
+    def admit(self, inputs: dict, frame: bool = False, stamp: float | None = None,
+              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """Make room for the forward that appends `inputs` (evicting and re-indexing if the policy
         says so) and lay out its tokens after the cached ones: (position ids for the model, evicted).
-        `frame`: these tokens are one camera frame (taken at `stamp`), stored whole when evicted."""
-        evicted = self.make_room(inputs["input_ids"].shape[-1])
+        `frame`: these tokens are one camera frame (taken at `stamp`), stored whole when evicted.
+        `keep` (n,) bool: only these tokens are appended (temporal pruning), each at the position the
+        whole input gives it, and the next input starts after the whole input."""
+        count = inputs["input_ids"].shape[-1] if keep is None else int(keep.sum())
+        evicted = self.make_room(count)
         if frame and self.store is not None:
-            self.unstored_frames.append((self.tokens_seen, self.tokens_seen + inputs["input_ids"].shape[-1], stamp))
+            self.unstored_frames.append((self.tokens_seen, self.tokens_seen + count, stamp))
         layout, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
         self.next_segment = int(layout.segments.max()) + 1
-        self._expect(layout)
         self.next_position = int(position_ids.max()) + 1
+        if keep is not None:
+            keep = keep.cpu()
+            layout = ChunkLayout(positions=layout.positions[keep], segments=layout.segments[keep])
+            position_ids = position_ids[..., keep]
+        self._expect(layout)
         return position_ids, evicted
 
     def _expect(self, layout: ChunkLayout) -> None:

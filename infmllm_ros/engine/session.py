@@ -22,6 +22,7 @@ from .cache import BoundedCache
 from .loading import load_model_and_processor, resolve_model_path
 from .policies import AttentionSaddles, CachePolicy, make_policy, policy_class, policy_settings
 from .probe import QueryProbe
+from .pruning import TemporalPruner, merged_embeddings
 from .recall import RecallStore
 
 
@@ -55,10 +56,15 @@ class SessionConfig:
     # that best match a question, for that answer only
     recall_store_mb: float = 0.0
     recall_frames: int = 4
+    # Temporal pruning: a frame's visual tokens at least this cosine-similar to what their patch last
+    # appended are left out (0 = off: every token appended)
+    prune_similarity: float = 0.0
 
     def __post_init__(self) -> None:
         if self.recall_store_mb < 0 or self.recall_frames < 0:
             raise ValueError("recall_store_mb and recall_frames must be >= 0")
+        if not 0.0 <= self.prune_similarity <= 1.0:
+            raise ValueError(f"prune_similarity must be between 0 (off) and 1, got {self.prune_similarity}")
         if self.recall_store_mb > 0 and self.cache_policy == "full":
             raise ValueError("recall brings back evicted frames, and the full cache evicts none: "
                              "set recall_store_mb to 0 or choose a bounded cache_policy")
@@ -97,9 +103,10 @@ class Answer:
 class StepTiming:
     """What one append cost, for stats and benchmarks."""
 
-    tokens: int
+    tokens: int           # appended
     seconds: float
     evicted: bool = False
+    pruned: int = 0       # visual tokens left out (temporal pruning)
 
 
 class StreamingSession:
@@ -127,6 +134,8 @@ class StreamingSession:
         self.newest_frame_stamp: float | None = None
         self.last_answer: Answer | None = None
         self.probe = QueryProbe(model) if self.config.recall_store_mb > 0 else None
+        self.pruner = (TemporalPruner(self.config.prune_similarity, model.config.image_token_id)
+                       if self.config.prune_similarity > 0 else None)
         self.reset()
 
     @property
@@ -144,6 +153,8 @@ class StreamingSession:
                                   recall_allowance=self.config.recall_frames * self.frame_tokens if recall else 0)
         self.frames_seen = 0
         self.newest_frame_stamp = None
+        if self.pruner is not None:
+            self.pruner.reset()
 
     def _tokens_per_frame(self) -> int:
         """Tokens one REFERENCE_FRAME camera frame takes in this model's prompt format."""
@@ -162,12 +173,19 @@ class StreamingSession:
         if count > self.policy.chunk and self.policy.name != "full":
             raise ValueError(f"one frame is {count} tokens, more than the eviction chunk ({self.policy.chunk}); "
                              "raise eviction_chunk or lower the image resolution")
-        evicted = self._forward(inputs, frame_stamp=stamp, frame=True)[1]
+        keep = embeddings = None
+        if self.pruner is not None:
+            embeddings = merged_embeddings(self.model, {k: v.to(self.device) for k, v in inputs.items()})
+            keep = self.pruner.select(inputs["input_ids"].to(self.device), embeddings)
+            embeddings = embeddings[:, keep]
+        evicted = self._forward(inputs, frame_stamp=stamp, frame=True, keep=keep, embeddings=embeddings)[1]
         if self.device.type == "cuda":   # the frame's time is its kernels' time, not their queueing
             torch.cuda.synchronize(self.device)
         self.frames_seen += 1
         self.newest_frame_stamp = stamp
-        return StepTiming(tokens=count, seconds=time.perf_counter() - start, evicted=evicted)
+        appended = count if keep is None else int(keep.sum())
+        return StepTiming(tokens=appended, seconds=time.perf_counter() - start, evicted=evicted,
+                          pruned=count - appended)
 
     def add_text(self, text: str) -> torch.Tensor:
         """Append text (in pieces of at most one chunk); returns the logits after its last token."""
@@ -194,11 +212,16 @@ class StreamingSession:
         return self._forward({"input_ids": ids[None]}, every_position=True)[0]
 
     def _forward(self, inputs: dict, every_position: bool = False, frame: bool = False,
-                 frame_stamp: float | None = None, score_keys: bool = True) -> tuple[torch.Tensor, bool]:
+                 frame_stamp: float | None = None, score_keys: bool = True, keep: torch.Tensor | None = None,
+                 embeddings: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """One forward through the bounded cache. `score_keys` False: the keys' attention mass is not
-        counted (a probe forward whose tokens are forgotten afterwards)."""
-        position_ids, evicted = self.cache.admit(inputs, frame=frame, stamp=frame_stamp)
-        model_inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
+        counted (a probe forward whose tokens are forgotten afterwards). `keep`/`embeddings`: a pruned
+        frame, the tokens of `inputs` to append and their input embeddings (already merged)."""
+        position_ids, evicted = self.cache.admit(inputs, frame=frame, stamp=frame_stamp, keep=keep)
+        if embeddings is not None:
+            model_inputs = {"inputs_embeds": embeddings}
+        else:
+            model_inputs = {k: v.to(self.device) for k, v in inputs.items() if k != "attention_mask"}
         with torch.inference_mode(), collecting_attention_mass(self.cache if score_keys else None):
             output = self.model(**model_inputs, position_ids=position_ids.to(self.device), cache=self.cache,
                                 use_cache=True, logits_to_keep=0 if every_position else 1)

@@ -26,7 +26,7 @@ NOT_YET_SUPPORTED_QUANTIZATION = ("8bit", "int4", "4bit", "fp8", "awq", "gptq")
 # Parameters copied one to one into the engine's SessionConfig.
 SESSION_FIELDS = ("model_path", "device", "dtype", "quantization", "cache_policy", "cache_budget", "recent_window",
                   "eviction_chunk", "sink_tokens", "attention_bias", "max_new_tokens", "recall_store_mb",
-                  "recall_frames")
+                  "recall_frames", "prune_similarity")
 
 Validator = Callable[[Any], "str | None"]  # an error message, or None when the value is fine
 
@@ -122,6 +122,9 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   "for its answer; 0 = off (bounded policies only)", in_range(0.0, 1_000_000.0)),
     ParameterSpec("recall_frames", "integer", 4, "recall: stored frames put back for each answer",
                   in_range(0, 1024)),
+    ParameterSpec("prune_similarity", "double", 0.0, "temporal pruning: a frame's visual tokens at least this "
+                  "cosine-similar to what their patch last appended are left out (a static camera repeats "
+                  "itself); 0 = off", in_range(0.0, 1.0)),
     ParameterSpec("frame_rate_hz", "double", 1.0, "frames per second of camera time (header stamps) fed to "
                   "the model, per camera, so a bag replayed at any speed feeds the same frames (the embedded "
                   "model was trained at 1 Hz)", in_range(0.0, 100.0, low_open=True), read_only=False),

@@ -67,6 +67,7 @@ class NodeStats:
                                         "recall_store_bytes": 0, "recall_frames_stored": 0}
         self._resets = 0
         self._recalled_frames = 0
+        self._frame_tokens = Counter()   # appended / pruned: tokens of the frames fed (temporal pruning)
 
     def add_camera(self, camera: str) -> None:
         with self._lock:
@@ -92,6 +93,11 @@ class NodeStats:
         """Stored frames put back for one answer (recall)."""
         with self._lock:
             self._recalled_frames += frames
+
+    def count_frame_tokens(self, appended: int, pruned: int) -> None:
+        """One fed frame's tokens: appended to the cache, and visual tokens left out as repeats."""
+        with self._lock:
+            self._frame_tokens.update(frames=1, appended=appended, pruned=pruned)
 
     def count_reset(self) -> None:
         with self._lock:
@@ -127,6 +133,8 @@ class NodeStats:
                            "frames_stored": engine["recall_frames_stored"],
                            "frames_recalled": self._recalled_frames,
                            "frames_per_answer": round(self._recalled_frames / max(self._queries["answered"], 1), 3)},
+                "pruning": {f"{name}_per_frame": round(self._frame_tokens[name] / max(self._frame_tokens["frames"], 1), 3)
+                            for name in ("appended", "pruned")},
                 "latency": {name: window.summary() for name, window in self._latency.items()},
                 **extra,
             }

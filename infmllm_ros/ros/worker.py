@@ -137,6 +137,7 @@ class SessionWorker:
             self.stats.count_frame(camera, "bad")
             self.report("image.rejected_by_model", f"{camera}: {error}")
             return
+        self.stats.count_frame_tokens(timing.tokens, timing.pruned)
         self.stats.count_frame(camera, "fed")
         self.stats.add_latency("ingest", timing.seconds)
         self.stats.add_latency("frame_age", time.monotonic() - frame.received)
