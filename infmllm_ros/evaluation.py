@@ -229,6 +229,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prune-similarity", type=float, default=0.0,
                         help="temporal pruning: leave out visual tokens this cosine-similar to their patch's last "
                              "appended one (0 = off)")
+    parser.add_argument("--prune-unit", default="token", choices=["token", "frame"],
+                        help="temporal pruning: leave out repeated patches (token) or wholly repeated frames (frame)")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--duration", type=float, default=64.0, help="seconds of camera time per episode")
     parser.add_argument("--first-seed", type=int, default=1)
@@ -251,7 +253,8 @@ def main(argv=None) -> int:
                                                  quantization=args.quantization,
                                                  recall_store_mb=args.recall_store_mb,
                                                  recall_frames=args.recall_frames,
-                                                 prune_similarity=args.prune_similarity))
+                                                 prune_similarity=args.prune_similarity,
+                                                 prune_unit=args.prune_unit))
         check_evaluable(session, resolve_model_path(args.model_path))
     except (ModelLoadError, NotEvaluable, ValueError) as error:
         print(f"infmllm-eval: {error}", file=sys.stderr)
@@ -273,13 +276,14 @@ def main(argv=None) -> int:
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
                    "recall_store_mb": args.recall_store_mb, "recall_frames": args.recall_frames,
                    "recall_hits": result.recall_hits, "recall_store_mb_at_end": store_mb, "ttft_p50_ms": ttft_p50_ms,
-                   "prune_similarity": args.prune_similarity, "tokens_per_frame": result.tokens_per_frame(),
+                   "prune_similarity": args.prune_similarity, "prune_unit": args.prune_unit,
+                   "tokens_per_frame": result.tokens_per_frame(),
                    "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s; "
           f"time to first token p50 {ttft_p50_ms:.1f} ms; {result.tokens_per_frame():.1f} tokens appended per frame"
-          f"{f' (prune_similarity {args.prune_similarity:g})' if args.prune_similarity else ''}\n")
+          f"{f' (prune_similarity {args.prune_similarity:g}, by {args.prune_unit})' if args.prune_similarity else ''}\n")
     print("| family | correct | total | accuracy | 95 % interval |\n|---|---|---|---|---|")
     for family in FAMILIES:
         low, high = wilson_interval(result.correct[family], result.total[family])

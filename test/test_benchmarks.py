@@ -73,13 +73,16 @@ def test_recall_quick_sets_infmllm_with_recall_beside_the_policies(tmp_path, cap
 
 def test_pruning_quick_trades_tokens_per_frame_against_accuracy(tmp_path, capsys):
     rows = run_quick("pruning", tmp_path)["rows"]
-    assert [row["prune_similarity"] for row in rows] == [0.0, 0.99]
-    off, pruned = rows
+    assert [(row["prune_unit"], row["prune_similarity"]) for row in rows] == [("off", 0.0), ("token", 0.99),
+                                                                            ("frame", 0.99)]
+    off, by_token, by_frame = rows
     assert off["tokens_per_frame"] == 17 and off["kept_pct"] == pytest.approx(100.0)   # the embedded model's frame
-    assert 1 <= pruned["tokens_per_frame"] < off["tokens_per_frame"], "some repeated patches left out, text kept"
+    assert 1 <= by_token["tokens_per_frame"] < off["tokens_per_frame"], "some repeated patches left out, text kept"
+    assert by_frame["tokens_per_frame"] < off["tokens_per_frame"], "some frames left out whole"
+    assert round(by_frame["tokens_per_frame"] * by_frame["frames"]) % 17 == 0, "frames are whole or left out"
     for row in rows:
         assert row["n_current"] > 0 and row["lo_current"] <= row["acc_current"] <= row["hi_current"]
-    assert "| setting | prune_similarity | tokens_per_frame |" in capsys.readouterr().out
+    assert "| setting | prune_unit | prune_similarity | tokens_per_frame |" in capsys.readouterr().out
 
 
 def test_overhead_quick_measures_every_policy_and_per_token_eviction(tmp_path):

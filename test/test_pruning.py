@@ -126,9 +126,42 @@ def test_selection_compares_with_the_last_appended_embedding_so_drift_is_caught(
     assert pruner.select(torch.tensor([[IMAGE, 1]]), unit(18, 0)).tolist() == [True, True]
 
 
+def test_by_frame_a_frame_goes_whole_or_not_at_all():
+    pruner = TemporalPruner(threshold=float(np.cos(np.radians(10))), image_token_id=IMAGE, whole_frames=True)
+    ids = torch.tensor([[1, IMAGE, IMAGE, 2]])
+    assert pruner.select(ids, unit(0, 0, 0, 0)).tolist() == [True] * 4
+    assert pruner.select(ids, unit(0, 6, 0, 0)).tolist() == [False] * 4, "nothing moved enough: text left out too"
+    # one patch moved 12 degrees from what was appended: the frame goes whole, every reference renewed,
+    # so the other patch's 5 degrees of drift are measured from here on
+    assert pruner.select(ids, unit(0, 12, 5, 0)).tolist() == [True] * 4
+    assert pruner.select(ids, unit(0, 12, 14, 0)).tolist() == [False] * 4
+
+
+def test_a_frame_left_out_whole_leaves_a_gap_of_its_positions(tiny_model_dirs):
+    whole = session_for(tiny_model_dirs["qwen2_vl"], "full")
+    pruned = session_for(tiny_model_dirs["qwen2_vl"], "full", prune_similarity=0.99, prune_unit="frame")
+    still, moved = frames(2, seed=6)
+    steps = {}
+    for session in (whole, pruned):
+        steps[session] = [session.add_frame(picture, stamp=float(t))
+                          for t, picture in enumerate([still, still.copy(), moved])]
+        session.add_text(QUESTION)
+    skipped, first = steps[pruned][1], steps[whole][0]
+    assert (skipped.tokens, skipped.pruned) == (0, first.tokens), "the repeated frame left out whole"
+    assert pruned.cache.length == whole.cache.length - first.tokens
+    assert pruned.cache.next_position == whole.cache.next_position
+    kept = {tuple(p) for p in pruned.cache.layers[0].positions[0].tolist()}
+    assert kept <= {tuple(p) for p in whole.cache.layers[0].positions[0].tolist()}
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.5])
 def test_prune_similarity_out_of_range_is_a_configuration_error(value):
     with pytest.raises(ValueError, match="prune_similarity"):
         SessionConfig(prune_similarity=value)
     with pytest.raises(ValueError, match="prune_similarity"):
         TemporalPruner(value, IMAGE)
+
+
+def test_unknown_prune_unit_is_a_configuration_error():
+    with pytest.raises(ValueError, match="prune_unit"):
+        SessionConfig(prune_similarity=0.9, prune_unit="patch")

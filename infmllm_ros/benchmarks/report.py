@@ -104,10 +104,10 @@ def accuracy_plot(name: str, rows: Sequence[dict], families: Sequence[str], dire
     return path
 
 
-def tradeoff_plot(name: str, rows: Sequence[dict], families: Sequence[str], x: str, group: str, label: str,
+def tradeoff_plot(name: str, lines: dict[str, Sequence[dict]], families: Sequence[str], x: str, label: str,
                   directory: Path = RESULTS_DIR) -> Path:
-    """One panel per question family: accuracy (95 % error bars) against a cost `x`, one line per
-    `group`, each point labelled with its `label` (e.g. the threshold that gave it)."""
+    """One panel per question family: accuracy (95 % error bars) against a cost `x`, one line per entry
+    of `lines`, each point labelled with its `label` (e.g. the threshold that gave it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -115,20 +115,20 @@ def tradeoff_plot(name: str, rows: Sequence[dict], families: Sequence[str], x: s
     directory.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.6), squeeze=False)
     for axis, family in zip(axes[0], families):
-        for setting in dict.fromkeys(row[group] for row in rows):
-            cells = [row for row in rows if row[group] == setting and row[f"n_{family}"]]
+        for line, rows in lines.items():
+            cells = [row for row in rows if row[f"n_{family}"]]
             if not cells:
                 continue
             errors = [[r[f"acc_{family}"] - r[f"lo_{family}"] for r in cells],
                       [r[f"hi_{family}"] - r[f"acc_{family}"] for r in cells]]
             axis.errorbar([r[x] for r in cells], [r[f"acc_{family}"] for r in cells], yerr=errors, marker="o",
-                          capsize=3, label=setting)
+                          capsize=3, label=line)
             for r in cells:
                 axis.annotate(f"{r[label]:g}", (r[x], r[f"acc_{family}"]), fontsize=6, xytext=(3, 3),
                               textcoords="offset points")
         axis.set(title=family, xlabel=x.replace("_", " "), ylabel="accuracy (%)", ylim=(0, 100))
         axis.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     figure.tight_layout()
     path = directory / f"{name}.png"
     figure.savefig(path, dpi=110)

@@ -223,6 +223,12 @@ class BoundedCache(Cache):
         self._expect(layout)
         return position_ids, evicted
 
+    def skip(self, inputs: dict) -> None:
+        """Advance positions past `inputs` without appending them (a frame left out whole): what follows
+        sits as if it had been streamed, as after a gap in the camera."""
+        _, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
+        self.next_position = int(position_ids.max()) + 1
+
     def _expect(self, layout: ChunkLayout) -> None:
         """Hand every layer the positions/segments of the tokens the next forward appends."""
         count = layout.segments.numel()

@@ -7,6 +7,11 @@ least `threshold` with the embedding the same patch last had when it *was* appen
 the last appended embedding, not the previous frame's, means slow drift is caught: a patch that
 changes a little every frame is sent again once it has moved `threshold` away from what the model saw.
 
+With `whole_frames`, a frame is the unit: it is appended whole when any of its patches changed, and
+left out entirely (its text tokens too) when none did, its positions skipped as a gap in the stream.
+A model trained on whole frames only (the embedded one) never sees a frame with holes that way; it
+sees gaps, which its training windows have.
+
 The kept tokens keep the positions they would have had in the full frame (the cache lays out the
 whole frame and keeps the chosen columns), so M-RoPE grids stay intact and a frame's tokens never
 slide into its neighbour's positions.
@@ -58,10 +63,11 @@ def merged_embeddings(model, inputs: dict) -> torch.Tensor:
 class TemporalPruner:
     """Chooses which tokens of each frame to append; remembers, per patch, the embedding last appended."""
 
-    def __init__(self, threshold: float, image_token_id: int) -> None:
+    def __init__(self, threshold: float, image_token_id: int, whole_frames: bool = False) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"prune_similarity must be in (0, 1] (0 turns pruning off), got {threshold}")
         self.threshold = threshold
+        self.whole_frames = whole_frames
         self.image_token_id = image_token_id
         self.reference: torch.Tensor | None = None   # (visual tokens per frame, hidden)
         self.frames = 0
@@ -74,7 +80,8 @@ class TemporalPruner:
 
     def select(self, input_ids: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """Which of the frame's tokens (input_ids (1, n), embeddings (1, n, hidden)) to append: (n,) bool.
-        Text tokens always; a visual token when its patch changed since it was last appended."""
+        Text tokens always; a visual token when its patch changed since it was last appended. With
+        `whole_frames`: every token when any patch changed, none when none did."""
         visual = input_ids[0] == self.image_token_id
         features = embeddings[0, visual].float()
         keep = torch.ones_like(visual)
@@ -83,8 +90,12 @@ class TemporalPruner:
             self.reference = features.clone()
         else:
             changed = torch.nn.functional.cosine_similarity(features, self.reference, dim=-1) < self.threshold
+            if self.whole_frames:
+                changed[:] = bool(changed.any())
             self.reference[changed] = features[changed]
         keep[visual] = changed
+        if self.whole_frames and not changed.any():
+            keep[:] = False
         self.frames += 1
         self.visual_tokens += int(visual.sum())
         self.pruned_tokens += int((~changed).sum())

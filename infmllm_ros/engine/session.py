@@ -27,6 +27,7 @@ from .recall import RecallStore
 
 
 AUTO = 0
+PRUNE_UNITS = ("token", "frame")
 #: AUTO sizes in frames of the model, never below the token counts the embedded model (17 tokens a
 #: frame) was measured with: a Qwen2-VL frame of 640x480 is ~400 tokens, so fixed token defaults
 #: would reject every frame of it (chunk) or keep two frames (budget)
@@ -59,12 +60,15 @@ class SessionConfig:
     # Temporal pruning: a frame's visual tokens at least this cosine-similar to what their patch last
     # appended are left out (0 = off: every token appended)
     prune_similarity: float = 0.0
+    prune_unit: str = "token"          # token: each patch on its own; frame: a frame whole, or not at all
 
     def __post_init__(self) -> None:
         if self.recall_store_mb < 0 or self.recall_frames < 0:
             raise ValueError("recall_store_mb and recall_frames must be >= 0")
         if not 0.0 <= self.prune_similarity <= 1.0:
             raise ValueError(f"prune_similarity must be between 0 (off) and 1, got {self.prune_similarity}")
+        if self.prune_unit not in PRUNE_UNITS:
+            raise ValueError(f"prune_unit must be one of {', '.join(PRUNE_UNITS)}, got {self.prune_unit!r}")
         if self.recall_store_mb > 0 and self.cache_policy == "full":
             raise ValueError("recall brings back evicted frames, and the full cache evicts none: "
                              "set recall_store_mb to 0 or choose a bounded cache_policy")
@@ -134,7 +138,8 @@ class StreamingSession:
         self.newest_frame_stamp: float | None = None
         self.last_answer: Answer | None = None
         self.probe = QueryProbe(model) if self.config.recall_store_mb > 0 else None
-        self.pruner = (TemporalPruner(self.config.prune_similarity, model.config.image_token_id)
+        self.pruner = (TemporalPruner(self.config.prune_similarity, model.config.image_token_id,
+                                      whole_frames=self.config.prune_unit == "frame")
                        if self.config.prune_similarity > 0 else None)
         self.reset()
 
@@ -178,7 +183,11 @@ class StreamingSession:
             embeddings = merged_embeddings(self.model, {k: v.to(self.device) for k, v in inputs.items()})
             keep = self.pruner.select(inputs["input_ids"].to(self.device), embeddings)
             embeddings = embeddings[:, keep]
-        evicted = self._forward(inputs, frame_stamp=stamp, frame=True, keep=keep, embeddings=embeddings)[1]
+        if keep is not None and not keep.any():   # the whole frame repeats what was appended
+            self.cache.skip(inputs)
+            evicted = False
+        else:
+            evicted = self._forward(inputs, frame_stamp=stamp, frame=True, keep=keep, embeddings=embeddings)[1]
         if self.device.type == "cuda":   # the frame's time is its kernels' time, not their queueing
             torch.cuda.synchronize(self.device)
         self.frames_seen += 1

@@ -20,13 +20,14 @@ from typing import Any, Callable, Iterable, Mapping
 CACHE_POLICIES = ("full", "streaming", "h2o", "infmllm")
 DTYPES = ("float32", "float16", "bfloat16")
 IMAGE_QOS = ("sensor_data", "reliable")
+PRUNE_UNITS = ("token", "frame")
 # The engine's quantization modes (engine/quantization.py) plus "auto" (nf4 on CUDA, cpu-int8 on CPU).
 QUANTIZATION = ("none", "nf4", "int8", "cpu-int8", "auto")
 NOT_YET_SUPPORTED_QUANTIZATION = ("8bit", "int4", "4bit", "fp8", "awq", "gptq")
 # Parameters copied one to one into the engine's SessionConfig.
 SESSION_FIELDS = ("model_path", "device", "dtype", "quantization", "cache_policy", "cache_budget", "recent_window",
                   "eviction_chunk", "sink_tokens", "attention_bias", "max_new_tokens", "recall_store_mb",
-                  "recall_frames", "prune_similarity")
+                  "recall_frames", "prune_similarity", "prune_unit")
 
 Validator = Callable[[Any], "str | None"]  # an error message, or None when the value is fine
 
@@ -125,6 +126,9 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
     ParameterSpec("prune_similarity", "double", 0.0, "temporal pruning: a frame's visual tokens at least this "
                   "cosine-similar to what their patch last appended are left out (a static camera repeats "
                   "itself); 0 = off", in_range(0.0, 1.0)),
+    ParameterSpec("prune_unit", "string", "token", "temporal pruning: token (each repeated patch left out) or "
+                  "frame (a frame left out whole when none of its patches changed, else appended whole)",
+                  one_of(PRUNE_UNITS)),
     ParameterSpec("frame_rate_hz", "double", 1.0, "frames per second of camera time (header stamps) fed to "
                   "the model, per camera, so a bag replayed at any speed feeds the same frames (the embedded "
                   "model was trained at 1 Hz)", in_range(0.0, 100.0, low_open=True), read_only=False),
