@@ -22,7 +22,7 @@ from infmllm_ros.synthetic import FAMILIES
 
 from .node_e2e import run_node_e2e
 from .overhead import run_overhead
-from .pruning import OFF, VARIANTS, plot_lines, run_pruning
+from .pruning import OFF, VARIANTS as PRUNE_VARIANTS, plot_lines, run_pruning
 from .quality import BOUNDED, BUDGET_SHARES, RECALL_FRAMES, RECALL_SHARES, RECALL_STORE_MB, run_quality
 from .quant import run_quant
 from .realsize import FULL_SIZE, QUICK_SIZE, realsize_plot, run_realsize
@@ -107,7 +107,7 @@ def pruning_suite(suite: Suite, model_path: str, args) -> None:
     if suite.quick:
         settings = [("full", 0, 2, 32.0, (OFF, ("token", 0.99), ("frame", 0.99)))]
     else:   # ten-minute episodes take ~2.5 min a variant: there the best of each unit on 64 s, and off
-        settings = [("full", 0, 20, 64.0, VARIANTS),
+        settings = [("full", 0, 20, 64.0, PRUNE_VARIANTS),
                     ("infmllm", NODE_DEFAULT_BUDGET, args.episodes, 600.0, (OFF, ("token", 0.99), ("frame", 0.99),
                                                                          ("frame", 0.95)))]
     rows = []
