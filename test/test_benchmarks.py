@@ -82,7 +82,7 @@ def test_pruning_quick_trades_tokens_per_frame_against_accuracy(tmp_path, capsys
     assert round(by_frame["tokens_per_frame"] * by_frame["frames"]) % 17 == 0, "frames are whole or left out"
     for row in rows:
         assert row["n_current"] > 0 and row["lo_current"] <= row["acc_current"] <= row["hi_current"]
-    assert "| setting | prune_unit | prune_similarity | tokens_per_frame |" in capsys.readouterr().out
+    assert "| setting | prune_unit | threshold | tokens_per_frame |" in capsys.readouterr().out
 
 
 def test_overhead_quick_measures_every_policy_and_per_token_eviction(tmp_path):

@@ -236,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not run.ok:
         return 1
     print(summary_line(run.questions, run.infos, run.correct), flush=True)
+    pruning = (run.last_stats or {}).get("pruning") or {}
+    if pruning.get("pruned_per_frame"):
+        print(f"demo: temporal pruning: {pruning['appended_per_frame']:.1f} tokens appended per frame, "
+              f"{pruning['pruned_per_frame']:.1f} left out", flush=True)
     return 0
 
 
