@@ -198,7 +198,7 @@ def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None 
     if session.frames_seen == 0:
         return
     if frames is not None and question.evidence is not None:
-        spans = frames.within(*question.evidence)
+        spans = [span for span in frames.within(*question.evidence) if span[1] > span[0]]   # pruned whole: none
         if spans:
             result.evidence_kept[question.family].append(session.cache.kept_share(spans))
     reply = session.ask(question.text)
@@ -281,9 +281,10 @@ def main(argv=None) -> int:
                    "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
         print()
         return 0
+    pruning = f" (prune_similarity {args.prune_similarity:g}, by {args.prune_unit})" if args.prune_similarity else ""
     print(f"\npolicy {args.policy}, budget {args.budget}, {args.episodes} episodes of {args.duration:.0f} s; "
-          f"time to first token p50 {ttft_p50_ms:.1f} ms; {result.tokens_per_frame():.1f} tokens appended per frame"
-          f"{f' (prune_similarity {args.prune_similarity:g}, by {args.prune_unit})' if args.prune_similarity else ''}\n")
+          f"time to first token p50 {ttft_p50_ms:.1f} ms; {result.tokens_per_frame():.1f} tokens appended per "
+          f"frame{pruning}\n")
     print("| family | correct | total | accuracy | 95 % interval |\n|---|---|---|---|---|")
     for family in FAMILIES:
         low, high = wilson_interval(result.correct[family], result.total[family])

@@ -225,7 +225,8 @@ class BoundedCache(Cache):
 
     def skip(self, inputs: dict) -> None:
         """Advance positions past `inputs` without appending them (a frame left out whole): what follows
-        sits as if it had been streamed, as after a gap in the camera."""
+        sits as if it had been streamed, as after a gap in the camera, until the next eviction packs
+        the cache's positions again."""
         _, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
         self.next_position = int(position_ids.max()) + 1
 

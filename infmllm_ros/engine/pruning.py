@@ -6,20 +6,25 @@ model's input: the vision tower and projector's output for that patch) has cosin
 least `threshold` with the embedding the same patch last had when it *was* appended. Comparing with
 the last appended embedding, not the previous frame's, means slow drift is caught: a patch that
 changes a little every frame is sent again once it has moved `threshold` away from what the model saw.
+A pruned patch leans on its earlier copy, so when the cache evicts that copy the patch is sent again
+(the session checks after evictions): a camera that stops moving does not vanish from a bounded cache.
 
 With `whole_frames`, a frame is the unit: it is appended whole when any of its patches changed, and
 left out entirely (its text tokens too) when none did, its positions skipped as a gap in the stream.
 A model trained on whole frames only (the embedded one) never sees a frame with holes that way; it
 sees gaps, which its training windows have.
 
-The kept tokens keep the positions they would have had in the full frame (the cache lays out the
-whole frame and keeps the chosen columns), so M-RoPE grids stay intact and a frame's tokens never
-slide into its neighbour's positions.
+The kept tokens take the positions they would have had in the whole frame (the cache lays out the
+whole frame and keeps the chosen columns), and the next frame starts where it would have. The next
+eviction re-indexes the cache as it always does (StreamingLLM-style packing), which closes these holes
+and gaps as it closes those of evicted tokens; a frame's M-RoPE grid moves as one piece, so its
+internal layout survives that too.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -60,8 +65,23 @@ def merged_embeddings(model, inputs: dict) -> torch.Tensor:
     raise RuntimeError(f"{model.config.model_type}: the language model was never called with inputs_embeds")
 
 
+#: cosine similarity in float32 puts a vector's similarity with itself a few 1e-7 below 1
+SIMILARITY_TOLERANCE = 1e-6
+
+
+@dataclass
+class _Pending:
+    """What `select` chose for a frame, applied by `commit` once the frame is in the cache."""
+
+    features: torch.Tensor   # (patches, hidden)
+    changed: torch.Tensor    # (patches,) bool: appended
+    keep: torch.Tensor       # (n,) bool over the frame's tokens
+    visual: torch.Tensor     # (n,) bool
+
+
 class TemporalPruner:
-    """Chooses which tokens of each frame to append; remembers, per patch, the embedding last appended."""
+    """Chooses which tokens of each frame to append; remembers, per patch, the embedding it last appended
+    and that token's index in the stream, so a patch whose appended token the cache evicted is sent again."""
 
     def __init__(self, threshold: float, image_token_id: int, whole_frames: bool = False) -> None:
         if not 0.0 < threshold <= 1.0:
@@ -69,34 +89,56 @@ class TemporalPruner:
         self.threshold = threshold
         self.whole_frames = whole_frames
         self.image_token_id = image_token_id
-        self.reference: torch.Tensor | None = None   # (visual tokens per frame, hidden)
-        self.frames = 0
-        self.visual_tokens = 0
-        self.pruned_tokens = 0
+        self.reference: torch.Tensor | None = None       # (patches, hidden): last appended embeddings
+        self.appended_at: torch.Tensor | None = None     # (patches,) long: their stream token indices
+        self.stale: torch.Tensor | None = None           # (patches,) bool: their token left the cache
+        self.pending: _Pending | None = None
+        self.frames = self.visual_tokens = self.pruned_tokens = 0   # since the session started
 
     def reset(self) -> None:
         """A new stream: the next frame is appended whole."""
-        self.reference = None
+        self.reference = self.appended_at = self.stale = self.pending = None
+
+    def forget(self, gone: torch.Tensor) -> None:
+        """Patches (bool mask) whose last appended token the cache no longer holds: they are appended
+        again next frame, however little they changed."""
+        if self.stale is not None:
+            self.stale |= gone.to(self.stale.device)
 
     def select(self, input_ids: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """Which of the frame's tokens (input_ids (1, n), embeddings (1, n, hidden)) to append: (n,) bool.
-        Text tokens always; a visual token when its patch changed since it was last appended. With
-        `whole_frames`: every token when any patch changed, none when none did."""
+        Text tokens always; a visual token when its patch changed since it was last appended (or that
+        token was evicted). With `whole_frames`: every token when any patch changed, none when none did.
+        Nothing is remembered until `commit` (the forward may fail)."""
         visual = input_ids[0] == self.image_token_id
         features = embeddings[0, visual].float()
-        keep = torch.ones_like(visual)
         if self.reference is None or self.reference.shape != features.shape:   # first frame, or a new size
             changed = torch.ones(features.shape[0], dtype=torch.bool, device=features.device)
-            self.reference = features.clone()
         else:
-            changed = torch.nn.functional.cosine_similarity(features, self.reference, dim=-1) < self.threshold
+            similarity = torch.nn.functional.cosine_similarity(features, self.reference, dim=-1)
+            changed = (similarity < self.threshold - SIMILARITY_TOLERANCE) | self.stale
             if self.whole_frames:
                 changed[:] = bool(changed.any())
-            self.reference[changed] = features[changed]
+        keep = torch.ones_like(visual)
         keep[visual] = changed
         if self.whole_frames and not changed.any():
             keep[:] = False
-        self.frames += 1
-        self.visual_tokens += int(visual.sum())
-        self.pruned_tokens += int((~changed).sum())
+        self.pending = _Pending(features, changed, keep, visual)
         return keep
+
+    def commit(self, first_token: int) -> None:
+        """The selected tokens are in the cache, from stream token index `first_token` on."""
+        pending, self.pending = self.pending, None
+        changed = pending.changed
+        kept_index = first_token + pending.keep.long().cumsum(0) - 1   # stream index of each kept token
+        if self.reference is None or self.reference.shape != pending.features.shape:
+            self.reference = pending.features.clone()
+            self.appended_at = kept_index[pending.visual].clone()
+            self.stale = torch.zeros_like(changed)
+        else:
+            self.reference[changed] = pending.features[changed]
+            self.appended_at[changed] = kept_index[pending.visual][changed]
+            self.stale &= ~changed
+        self.frames += 1
+        self.visual_tokens += int(pending.visual.sum())
+        self.pruned_tokens += int((~changed).sum())

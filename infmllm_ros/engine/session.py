@@ -110,7 +110,7 @@ class StepTiming:
     tokens: int           # appended
     seconds: float
     evicted: bool = False
-    pruned: int = 0       # visual tokens left out (temporal pruning)
+    pruned: int = 0       # tokens left out (temporal pruning): visual ones, or a whole frame's by frame
 
 
 class StreamingSession:
@@ -158,6 +158,7 @@ class StreamingSession:
                                   recall_allowance=self.config.recall_frames * self.frame_tokens if recall else 0)
         self.frames_seen = 0
         self.newest_frame_stamp = None
+        self._evictions_seen_by_pruner = 0
         if self.pruner is not None:
             self.pruner.reset()
 
@@ -180,14 +181,18 @@ class StreamingSession:
                              "raise eviction_chunk or lower the image resolution")
         keep = embeddings = None
         if self.pruner is not None:
+            self._forget_evicted_patches()
             embeddings = merged_embeddings(self.model, {k: v.to(self.device) for k, v in inputs.items()})
             keep = self.pruner.select(inputs["input_ids"].to(self.device), embeddings)
             embeddings = embeddings[:, keep]
+        first_token = self.cache.tokens_seen
         if keep is not None and not keep.any():   # the whole frame repeats what was appended
             self.cache.skip(inputs)
             evicted = False
         else:
             evicted = self._forward(inputs, frame_stamp=stamp, frame=True, keep=keep, embeddings=embeddings)[1]
+        if self.pruner is not None:
+            self.pruner.commit(first_token)
         if self.device.type == "cuda":   # the frame's time is its kernels' time, not their queueing
             torch.cuda.synchronize(self.device)
         self.frames_seen += 1
@@ -195,6 +200,18 @@ class StreamingSession:
         appended = count if keep is None else int(keep.sum())
         return StepTiming(tokens=appended, seconds=time.perf_counter() - start, evicted=evicted,
                           pruned=count - appended)
+
+    def _forget_evicted_patches(self) -> None:
+        """After evictions, the patches whose last appended token most layers and heads no longer hold
+        are sent again: a still scene must not vanish from the cache because it stopped changing."""
+        if self.pruner.appended_at is None or self.cache.evictions == self._evictions_seen_by_pruner:
+            return
+        self._evictions_seen_by_pruner = self.cache.evictions
+        tokens = self.pruner.appended_at.cpu()
+        order = tokens.argsort()   # distinct stream indices: one-token spans, ascending
+        share = torch.empty(len(tokens))
+        share[order] = self.cache.cached_share(tokens[order], tokens[order] + 1)
+        self.pruner.forget(share < 0.5)
 
     def add_text(self, text: str) -> torch.Tensor:
         """Append text (in pieces of at most one chunk); returns the logits after its last token."""

@@ -95,7 +95,8 @@ class NodeStats:
             self._recalled_frames += frames
 
     def count_frame_tokens(self, appended: int, pruned: int) -> None:
-        """One fed frame's tokens: appended to the cache, and visual tokens left out as repeats."""
+        """One fed frame's tokens: appended to the cache, and left out as repeats (temporal pruning).
+        Averaged over every frame fed since the node started, all cameras together."""
         with self._lock:
             self._frame_tokens.update(frames=1, appended=appended, pruned=pruned)
 
@@ -119,6 +120,7 @@ class NodeStats:
     def snapshot(self, **extra: Any) -> dict[str, Any]:
         with self._lock:
             engine = dict(self._engine)
+            frames_fed = max(self._frame_tokens["frames"], 1)
             return {
                 "uptime_s": round(time.monotonic() - self._started, 3),
                 "cameras": {camera: dict(counts) for camera, counts in self._cameras.items()},
@@ -133,7 +135,7 @@ class NodeStats:
                            "frames_stored": engine["recall_frames_stored"],
                            "frames_recalled": self._recalled_frames,
                            "frames_per_answer": round(self._recalled_frames / max(self._queries["answered"], 1), 3)},
-                "pruning": {f"{name}_per_frame": round(self._frame_tokens[name] / max(self._frame_tokens["frames"], 1), 3)
+                "pruning": {f"{name}_per_frame": round(self._frame_tokens[name] / frames_fed, 3)
                             for name in ("appended", "pruned")},
                 "latency": {name: window.summary() for name, window in self._latency.items()},
                 **extra,
