@@ -115,14 +115,14 @@ def tradeoff_plot(name: str, lines: dict[str, Sequence[dict]], families: Sequenc
     directory.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.6), squeeze=False)
     for axis, family in zip(axes[0], families):
-        for line, rows in lines.items():
+        for index, (line, rows) in enumerate(lines.items()):
             cells = [row for row in rows if row[f"n_{family}"]]
             if not cells:
                 continue
             errors = [[r[f"acc_{family}"] - r[f"lo_{family}"] for r in cells],
                       [r[f"hi_{family}"] - r[f"acc_{family}"] for r in cells]]
             axis.errorbar([r[x] for r in cells], [r[f"acc_{family}"] for r in cells], yerr=errors, marker="o",
-                          capsize=3, label=line)
+                          capsize=3, label=line, color=f"C{index}")   # one colour per line in every panel
             for r in cells:
                 axis.annotate(f"{r[label]:g}", (r[x], r[f"acc_{family}"]), fontsize=6, xytext=(3, 3),
                               textcoords="offset points")
