@@ -123,19 +123,26 @@ class RecallStore:
         if len(queries) != len(self.frames[0].keys):
             raise ValueError(f"queries for {len(queries)} layers, the store holds {len(self.frames[0].keys)}")
         frames = list(self.frames)
-        per_frame = []   # (layers, heads, n, frames in the group) log-sum-exp of each frame's logits
+        # groups of frames with the same token count, stacked (pruned frames vary in size): by size,
+        # in stream order within a size, each group's scores written back to its frames' columns
+        order = sorted(range(len(frames)), key=lambda index: frames[index].tokens)
+        per_frame = None   # (layers, heads, n, frames) log-sum-exp of each frame's logits
         start = 0
-        while start < len(frames):
-            end = start + 1   # a group: consecutive frames of the same token count, stacked
-            while end < len(frames) and end - start < frames_at_once and frames[end].tokens == frames[start].tokens:
+        while start < len(order):
+            end = start + 1
+            while (end < len(order) and end - start < frames_at_once
+                   and frames[order[end]].tokens == frames[order[start]].tokens):
                 end += 1
-            group = frames[start:end]
+            group = order[start:end]
             per_layer = []
             for layer, query in enumerate(queries):
-                keys = torch.stack([frame.keys[layer] for frame in group]).float()   # (f, heads, tokens, dim)
+                keys = torch.stack([frames[index].keys[layer] for index in group]).float()   # (f, heads, tokens, dim)
                 logits = torch.einsum("hnd,fhtd->hnft", query.float().cpu(), keys) * query.shape[-1] ** -0.5
                 per_layer.append(logits.logsumexp(dim=-1))
-            per_frame.append(torch.stack(per_layer))
+            scores = torch.stack(per_layer)
+            if per_frame is None:
+                per_frame = scores.new_empty(*scores.shape[:-1], len(frames))
+            per_frame[..., group] = scores
             start = end
-        mass = torch.cat(per_frame, dim=-1).softmax(dim=-1)
+        mass = per_frame.softmax(dim=-1)
         return mass.sum(dim=(0, 1, 2))
