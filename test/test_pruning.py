@@ -22,7 +22,7 @@ def visual_count(session) -> int:
     return int((inputs["input_ids"] == session.model.config.image_token_id).sum())
 
 
-@pytest.mark.parametrize("family", ["llava-llama", "qwen2_vl", "idefics3"])
+@pytest.mark.parametrize("family", ["llava-llama", "qwen2_vl", "qwen2_5_vl", "idefics3"])
 def test_a_repeated_picture_appends_only_its_text_tokens(tiny_model_dirs, family):
     session = session_for(tiny_model_dirs[family], "full", prune_similarity=0.99)
     picture = frames(1, seed=5)[0]

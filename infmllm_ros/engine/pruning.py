@@ -37,9 +37,20 @@ class _Captured(Exception):
         self.embeddings = embeddings
 
 
+#: what a language model may receive besides its input embeddings; a tensor under any other name (e.g.
+#: Qwen3-VL's deepstack features) is vision data the pruned forward, fed inputs_embeds alone, would drop
+_PLAIN_ARGUMENTS = {"inputs_embeds", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
+                    "cache_position", "return_dict", "output_attentions", "output_hidden_states"}
+
+
 @contextmanager
 def _stop_at_language_model(decoder):
     def capture(module, args, kwargs):
+        extra = [name for name, value in kwargs.items()
+                 if name not in _PLAIN_ARGUMENTS and isinstance(value, torch.Tensor)]
+        if args or extra:
+            raise NotImplementedError(f"temporal pruning: this model hands its language model more than input "
+                                      f"embeddings ({extra or 'positional arguments'}); set prune_similarity to 0")
         raise _Captured(kwargs["inputs_embeds"])
     handle = decoder.register_forward_pre_hook(capture, with_kwargs=True)
     try:
@@ -61,6 +72,9 @@ def merged_embeddings(model, inputs: dict) -> torch.Tensor:
         with torch.inference_mode(), _stop_at_language_model(model.get_decoder()):
             model.model(**model_inputs, use_cache=False)
     except _Captured as captured:
+        if captured.embeddings.shape[1] != inputs["input_ids"].shape[-1]:
+            raise RuntimeError(f"{model.config.model_type}: the language model's input has "
+                               f"{captured.embeddings.shape[1]} tokens, the frame {inputs['input_ids'].shape[-1]}")
         return captured.embeddings
     raise RuntimeError(f"{model.config.model_type}: the language model was never called with inputs_embeds")
 
