@@ -41,6 +41,11 @@ class GcPauses:
     The callback runs in whichever thread triggered a collection, possibly while that thread holds
     a lock (NodeStats' included), so it only appends to deques (atomic under the GIL) and takes no
     lock; summary() is read from the stats timer.
+
+    `frozen_objects` is recorded by whoever freezes (the node, at configure) rather than asked of the
+    collector: `gc.get_freeze_count()` walks the whole frozen generation, ~35 ms for a loaded model's
+    380,000 objects while holding the GIL, and a 1 Hz stats timer calling it stalled every other
+    thread of the node that long each second (py-spy on the node suite).
     """
 
     def __init__(self, size: int = LATENCY_WINDOW) -> None:
@@ -48,6 +53,7 @@ class GcPauses:
         self._counts = [0] * (OLDEST + 1)
         self._started: float | None = None
         self._deliberate = False
+        self.frozen_objects = 0
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -86,5 +92,5 @@ class GcPauses:
             for seconds in list(samples):
                 window.add(seconds)
             result[f"gen{generation}"] = {**window.summary(), "count": self._counts[generation]}
-        result["frozen_objects"] = gc.get_freeze_count()
+        result["frozen_objects"] = self.frozen_objects
         return result

@@ -207,6 +207,7 @@ class InfMLLMNode(LifecycleNode):
         self._gate = FeedGate(self.settings["frame_rate_hz"])
         with self._gc_pauses.deliberate():
             frozen = freeze_loaded_heap()   # collections then skip the model's objects (gc_pauses.py)
+        self._gc_pauses.frozen_objects = frozen
         config, frame_tokens = self._sessions.config, self._sessions.frame_tokens
         self.get_logger().info(
             f"configured: model {self._sessions.family} from {self.settings['model_path'] or 'the embedded model'} "
@@ -306,6 +307,7 @@ class InfMLLMNode(LifecycleNode):
         self._sessions = None
         with self._gc_pauses.deliberate():
             unfreeze_heap()   # the model's objects were frozen at configure: let the collector free them
+        self._gc_pauses.frozen_objects = 0
             release_memory(device)
         self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
 
