@@ -307,8 +307,8 @@ class InfMLLMNode(LifecycleNode):
         self._sessions = None
         with self._gc_pauses.deliberate():
             unfreeze_heap()   # the model's objects were frozen at configure: let the collector free them
-        self._gc_pauses.frozen_objects = 0
             release_memory(device)
+        self._gc_pauses.frozen_objects = 0
         self.stats.set_engine(cache_tokens=0, cache_bytes=0, frames_seen=0)
 
     # ---- parameters ----------------------------------------------------------------------------
