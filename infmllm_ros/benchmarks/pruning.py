@@ -12,11 +12,10 @@ import multiprocessing
 import torch
 from tqdm import tqdm
 
-from infmllm_ros.evaluation import EvalResult, evaluate_episode, render_episode, wilson_interval
-from infmllm_ros.synthetic import FAMILIES
+from infmllm_ros.evaluation import EvalResult, evaluate_episode, render_episode
 
 from .measure import make_session
-from .quality import FIRST_SEED, RECENT_SHARE
+from .quality import FIRST_SEED, RECENT_SHARE, accuracy_columns
 
 OFF = ("token", 0.0)
 #: (prune_unit, prune_similarity) pairs; OFF is the reference every row is compared with
@@ -54,15 +53,10 @@ def run_pruning(model_path, episodes: int, duration_s: float, policy: str, budge
     whole = results[variants[0]].tokens_per_frame()
     rows = []
     for (unit, threshold), result in results.items():
-        row = {"setting": setting_name(policy, budget, duration_s), "prune_unit": unit if threshold else "off",
-               "prune_similarity": threshold, "frames": result.frames, "tokens_per_frame": result.tokens_per_frame(),
-               "kept_pct": 100 * result.tokens_per_frame() / whole}
-        accuracy = result.accuracy()
-        for family in FAMILIES:
-            low, high = wilson_interval(result.correct[family], result.total[family])
-            row.update({f"acc_{family}": 100 * accuracy[family], f"lo_{family}": 100 * low,
-                        f"hi_{family}": 100 * high, f"n_{family}": result.total[family]})
-        rows.append(row)
+        rows.append({"setting": setting_name(policy, budget, duration_s), "prune_unit": unit if threshold else "off",
+                     "prune_similarity": threshold, "frames": result.frames,
+                     "tokens_per_frame": result.tokens_per_frame(), "kept_pct": 100 * result.tokens_per_frame() / whole,
+                     **accuracy_columns(result)})
     return rows
 
 

@@ -29,19 +29,25 @@ FIRST_SEED = 1_000   # held out: training used seeds from 90,000 up
 RECENT_SHARE = 0.25  # of each budget, the newest tokens always kept (infmllm, h2o)
 
 
+def accuracy_columns(result: EvalResult) -> dict:
+    """acc_/lo_/hi_/n_<family>: accuracy % with its 95 % Wilson interval and the questions asked."""
+    accuracy, columns = result.accuracy(), {}
+    for f in FAMILIES:
+        low, high = wilson_interval(result.correct[f], result.total[f])
+        columns.update({f"acc_{f}": 100 * accuracy[f], f"lo_{f}": 100 * low, f"hi_{f}": 100 * high,
+                        f"n_{f}": result.total[f]})
+    return columns
+
+
 def cell_row(policy: str, budget, share: str, result: EvalResult) -> dict:
-    accuracy, kept = result.accuracy(), result.mean_evidence_kept()
+    kept = result.mean_evidence_kept()
     row = {"policy": policy, "budget": budget, "share": share, "ttft_p50_ms": result.ttft_p50_ms()}
     if result.recall_hits:
         hits, recalled = result.recall_hits.get("distant", (0, 0))
         row["recall_found_distant"] = 100 * hits / recalled if recalled else float("nan")
         row["store_mb"] = result.store_mb
-    for f in FAMILIES:
-        low, high = wilson_interval(result.correct[f], result.total[f])
-        row.update({f"acc_{f}": 100 * accuracy[f], f"lo_{f}": 100 * low, f"hi_{f}": 100 * high,
-                    f"n_{f}": result.total[f]})
-        if f != "current":
-            row[f"kept_{f}"] = 100 * kept[f]
+    row.update(accuracy_columns(result))
+    row.update({f"kept_{f}": 100 * kept[f] for f in FAMILIES if f != "current"})
     return row
 
 
