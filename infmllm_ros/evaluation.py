@@ -18,13 +18,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from infmllm_ros.engine.adapters import PROMPT_FILE
 from infmllm_ros.engine.loading import ModelLoadError, resolve_model_path
 from infmllm_ros.engine.session import SessionConfig, StreamingSession
-from infmllm_ros.synthetic import (FAMILIES, FEED_RATE_HZ, generate_episode, generate_questions, possible_answers,
-                                   possible_questions)
+from infmllm_ros.synthetic import (FAMILIES, FEED_RATE_HZ, HEIGHT, WIDTH, generate_episode, generate_questions,
+                                   possible_answers, possible_questions)
 from infmllm_ros.synthetic.questions import DEFAULT_SPACING_S
 
 
@@ -141,8 +142,10 @@ def render_episode(seed: int, duration_s: float) -> list:
 
 
 def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
-                     rendered: list | None = None, spacing_s: float = DEFAULT_SPACING_S) -> None:
-    """Stream one episode into `session` (from an empty cache) and score its questions into `result`."""
+                     rendered: list | None = None, spacing_s: float = DEFAULT_SPACING_S,
+                     forget_answers: bool = False) -> None:
+    """Stream one episode into `session` (from an empty cache) and score its questions into `result`;
+    `forget_answers`: each question and answer leaves the cache once scored (frames only)."""
     episode = generate_episode(seed, duration_s)
     questions = sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t)
     session.reset()
@@ -151,7 +154,7 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
     frames = _FrameSpans()
     for k, t in enumerate(frame_times(duration_s)):
         while question is not None and question.t < t:
-            ask(session, question, seed, result, frames)
+            ask(session, question, seed, result, frames, forget=forget_answers)
             question = next(pending, None)
         start = session.cache.tokens_seen
         timing = session.add_frame(rendered[k] if rendered is not None else episode.render(t), stamp=t)
@@ -160,7 +163,7 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
         frames.stamps.append(t)
         frames.spans.append((start, session.cache.tokens_seen))
     while question is not None:
-        ask(session, question, seed, result, frames)
+        ask(session, question, seed, result, frames, forget=forget_answers)
         question = next(pending, None)
 
 
@@ -168,40 +171,72 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
 CUT_PAD_FRAMES = 3
 
 
+#: where a cut stream's tokens sit: packed one after another, or where the whole stream puts them
+CUT_POSITIONS = ("compact", "stream")
+
+
 def evaluate_cut_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
-                         tail_frames: int, spacing_s: float = DEFAULT_SPACING_S) -> None:
+                         tail_frames: int, spacing_s: float = DEFAULT_SPACING_S, positions: str = "compact") -> None:
     """Distant questions only, each asked of a fresh cache fed just its evidence frames (+/- a few)
-    and the last `tail_frames` frames before it, in time order (positions compact).
+    and the last `tail_frames` frames before it, in time order. `positions` "compact": packed;
+    "stream": each at its position in the whole stream (the frames and questions left out still
+    advance positions, a question at its reference answer's length), so distance stays as it was.
 
     A diagnostic of the model, not of a policy: set beside the whole stream it says whether a
-    wrong distant answer comes from reading the evidence or from the minutes streamed between.
+    wrong distant answer comes from reading the evidence, from the minutes streamed between, or
+    (compact against stream) from how far back the evidence sits.
     """
+    if positions not in CUT_POSITIONS:
+        raise ValueError(f"positions must be one of {CUT_POSITIONS}")
     episode = generate_episode(seed, duration_s)
     times = frame_times(duration_s)
     rendered: dict[float, object] = {}
     pad = CUT_PAD_FRAMES / FEED_RATE_HZ
-    for question in sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t):
+    questions = sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t)
+    for question in questions:
         if question.family != "distant":
             continue
         t_enter, t_exit = question.evidence
         shown = [t for t in times if t < question.t and (t_enter - pad <= t <= t_exit + pad
                                                          or t >= question.t - tail_frames / FEED_RATE_HZ)]
         session.reset()
-        for t in shown:
-            if t not in rendered:
+        earlier = iter(q for q in questions if q.t < question.t)
+        other = next(earlier, None)
+        for t in (times if positions == "stream" else shown):
+            if t >= question.t:
+                break
+            while positions == "stream" and other is not None and other.t < t:
+                session.skip_text(session.prompt.question.format(question=other.text) + other.answer)
+                other = next(earlier, None)
+            if t not in rendered and t in shown:
                 rendered[t] = episode.render(t)
-            session.add_frame(rendered[t], stamp=t)
+            if t in shown:
+                session.add_frame(rendered[t], stamp=t)
+            else:
+                session.skip_frame(_BLANK_FRAME)
+        while positions == "stream" and other is not None:
+            session.skip_text(session.prompt.question.format(question=other.text) + other.answer)
+            other = next(earlier, None)
         ask(session, question, seed, result)
 
 
-def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None = None) -> None:
+#: what a left-out frame is laid out as: any frame of the world's size takes the same positions
+_BLANK_FRAME = np.zeros((HEIGHT, WIDTH, 3), dtype=np.uint8)
+
+
+def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None = None, forget: bool = False) -> None:
+    """Ask `question` and score the answer; `forget`: then drop the question and answer from the
+    cache, as if never asked (a diagnostic: a stream of frames only)."""
     if session.frames_seen == 0:
         return
+    before = session.cache.tokens_seen
     if frames is not None and question.evidence is not None:
         spans = [span for span in frames.within(*question.evidence) if span[1] > span[0]]   # pruned whole: none
         if spans:
             result.evidence_kept[question.family].append(session.cache.kept_share(spans))
     reply = session.ask(question.text)
+    if forget:
+        session.cache.forget_newest(session.cache.tokens_seen - before)
     result.answers.append({"seed": seed, "t": question.t, "question": question.text, "total_s": reply.total_s,
                            "ttft_s": reply.ttft_s})
     if reply.recalled_stamps and question.evidence is not None:
@@ -238,11 +273,18 @@ def main(argv=None) -> int:
     parser.add_argument("--cut-to-evidence", type=int, default=None, metavar="TAIL",
                         help="diagnostic: distant questions only, each asked of a stream cut to its evidence "
                              "frames and the last TAIL frames")
+    parser.add_argument("--cut-positions", default="compact", choices=CUT_POSITIONS,
+                        help="with --cut-to-evidence: frames packed (compact) or where the whole stream puts them")
+    parser.add_argument("--forget-answers", action="store_true",
+                        help="diagnostic (full cache only): each question and its answer leave the cache once "
+                             "scored, so the stream holds frames only")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--quantization", default="auto", help="none, nf4, int8, cpu-int8 or auto")
     args = parser.parse_args(argv)
+    if args.forget_answers and args.policy != "full":
+        parser.error("--forget-answers is a diagnostic of the model: use it with --policy full")
     if args.first_seed + args.episodes > 90_000:
         parser.error("seeds from 90,000 up are validation/training episodes")
 
@@ -263,16 +305,19 @@ def main(argv=None) -> int:
     for seed in tqdm(range(args.first_seed, args.first_seed + args.episodes), desc="episodes",
                      unit="episode", disable=args.json):
         if args.cut_to_evidence is not None:
-            evaluate_cut_episode(session, seed, args.duration, result, args.cut_to_evidence, args.spacing)
+            evaluate_cut_episode(session, seed, args.duration, result, args.cut_to_evidence, args.spacing,
+                                 positions=args.cut_positions)
         else:
-            evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing)
+            evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing,
+                             forget_answers=args.forget_answers)
     accuracy = result.accuracy()
     ttft_p50_ms = result.ttft_p50_ms()
     store_mb = session.cache.store.megabytes if session.cache.store is not None else None
     if args.json:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes, "device": args.device,
                    "dtype": args.dtype, "quantization": args.quantization,
-                   "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence, "accuracy": accuracy,
+                   "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence,
+                   "cut_positions": args.cut_positions, "forget_answers": args.forget_answers, "accuracy": accuracy,
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
                    "recall_store_mb": args.recall_store_mb, "recall_frames": args.recall_frames,
                    "recall_hits": result.recall_hits, "recall_store_mb_at_end": store_mb, "ttft_p50_ms": ttft_p50_ms,

@@ -97,3 +97,63 @@ def test_cut_streams_feed_only_the_evidence_and_the_tail():
         assert len(tail_frames) == tail and all(t < question.t for t in fed)
         assert sorted(set(tail_frames + evidence)) == fed, "a frame from the minutes between was fed"
         assert any(t_enter <= t < t_exit for t in fed), "the evidence itself must be shown"
+
+
+def test_cut_streams_can_keep_the_whole_streams_positions():
+    """--cut-positions stream: each frame fed sits at the position the whole stream gives it (the
+    frames and questions left out still advance positions), so only the minutes between are gone."""
+    from infmllm_ros.engine.session import SessionConfig, StreamingSession
+    from infmllm_ros.evaluation import EvalResult, evaluate_cut_episode, frame_times
+    from infmllm_ros.synthetic import generate_episode, generate_questions
+
+    class Recording(StreamingSession):
+        def reset(self):
+            super().reset()
+            self.fed = {}
+
+        def add_frame(self, image, stamp=None):
+            self.fed[stamp] = self.cache.next_position
+            return super().add_frame(image, stamp=stamp)
+
+        def ask(self, question, *args, **kwargs):
+            asked.append((dict(self.fed), self.cache.next_position))
+            return super().ask(question, *args, **kwargs)
+
+    asked = []
+    seed, duration = 2001, 140.0
+    session = Recording(SessionConfig(cache_policy="full"))
+    evaluate_cut_episode(session, seed, duration, EvalResult(), tail_frames=4, positions="stream")
+    # the whole stream, every question followed by its reference answer
+    episode = generate_episode(seed, duration)
+    questions = sorted(generate_questions(episode, seed), key=lambda q: q.t)
+    whole, at_question = {}, {}
+    session.reset()
+    pending = iter(questions)
+    question = next(pending, None)
+    for t in frame_times(duration):
+        while question is not None and question.t < t:
+            at_question[question.t] = session.cache.next_position
+            session.add_text(session.prompt.question.format(question=question.text) + question.answer)
+            question = next(pending, None)
+        whole[t] = session.cache.next_position
+        session.add_frame(episode.render(t), stamp=t)
+    distant = [q for q in questions if q.family == "distant"]
+    assert len(asked) == len(distant) > 0
+    for question, (fed, position) in zip(distant, asked):
+        assert 0 < len(fed) < len([t for t in whole if t < question.t]), "a cut stream leaves frames out"
+        assert all(fed_position == whole[t] for t, fed_position in fed.items())
+        assert position == at_question[question.t]
+
+
+def test_forgotten_answers_leave_frames_only():
+    """--forget-answers: every question is still asked and scored, and the cache ends holding the
+    frames alone, at the positions a stream of frames alone gives them."""
+    from infmllm_ros.engine.session import SessionConfig, StreamingSession
+    from infmllm_ros.evaluation import EvalResult, evaluate_episode
+
+    session = StreamingSession(SessionConfig(cache_policy="full"))
+    result = EvalResult()
+    evaluate_episode(session, 3, 20.0, result, forget_answers=True)
+    assert sum(result.total.values()) > 0
+    assert session.cache.length == session.cache.tokens_seen == result.frame_tokens == 20 * session.frame_tokens
+    assert session.cache.next_position == result.frame_tokens

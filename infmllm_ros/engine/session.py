@@ -201,6 +201,15 @@ class StreamingSession:
         return StepTiming(tokens=appended, seconds=time.perf_counter() - start, evicted=evicted,
                           pruned=count - appended)
 
+    def skip_frame(self, rgb: np.ndarray) -> None:
+        """Advance positions past one frame without appending it: what comes next sits where it
+        would had the frame been streamed (a diagnostic's stream with frames left out)."""
+        self.cache.skip(self.processor(text=self.prompt.frame, images=[Image.fromarray(rgb)], return_tensors="pt"))
+
+    def skip_text(self, text: str) -> None:
+        """Advance positions past `text` without appending it (see skip_frame)."""
+        self.cache.skip(self.tokenizer(text, add_special_tokens=False, return_tensors="pt"))
+
     def _forget_evicted_patches(self) -> None:
         """After evictions, the patches whose last appended token most layers and heads no longer hold
         are sent again: a still scene must not vanish from the cache because it stopped changing."""
