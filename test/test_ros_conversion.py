@@ -351,10 +351,11 @@ def test_defaults_pass_and_match_the_engine():
     from infmllm_ros.engine.loading import DTYPES
     from infmllm_ros.engine.policies import POLICIES
     from infmllm_ros.engine.quantization import MODES
-    from infmllm_ros.engine.session import SessionConfig
+    from infmllm_ros.engine.session import PRUNE_UNITS, SessionConfig
     checked = parameters.check_all(parameters.defaults())
     assert set(parameters.DTYPES) == set(DTYPES) and set(parameters.CACHE_POLICIES) == set(POLICIES)
     assert set(parameters.QUANTIZATION) == {*MODES, "auto"}
+    assert set(parameters.PRUNE_UNITS) == set(PRUNE_UNITS)
     import dataclasses
     assert set(parameters.SESSION_FIELDS) == {f.name for f in dataclasses.fields(SessionConfig)}, \
         "every SessionConfig knob is a node parameter of the same name"

@@ -73,6 +73,24 @@ def make_session(model_path, policy: str, budget: int, recent: int, **overrides)
                                           recent_window=recent, **overrides))
 
 
+def score_episodes(score, jobs: list, workers: int, progress, weight=lambda cells: 1) -> dict:
+    """{seed: cells} of `score(job) -> (seed, cells)` over `jobs`, `workers` at a time in spawned
+    processes (one torch thread each: the tiny model gains little from a second, and episodes are
+    independent) or inline at 1; `progress` advances by `weight(cells)` as each job ends."""
+    by_seed = {}
+    if workers > 1:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            for seed, cells in pool.imap_unordered(score, jobs):
+                by_seed[seed] = cells
+                progress.update(weight(cells))
+    else:
+        for job in jobs:
+            seed, cells = score(job)
+            by_seed[seed] = cells
+            progress.update(weight(cells))
+    return by_seed
+
+
 def in_child(function, *args):
     """Run `function(*args)` in a fresh spawned process and return its result."""
     pool = multiprocessing.get_context("spawn").Pool(1)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from infmllm_ros.evaluation import EvalResult, evaluate_episode, render_episode
 
-from .measure import make_session
+from .measure import make_session, score_episodes
 from .quality import FIRST_SEED, RECENT_SHARE, accuracy_columns
 
 OFF = ("token", 0.0)
@@ -34,18 +34,8 @@ def run_pruning(model_path, episodes: int, duration_s: float, policy: str, budge
     `workers` episodes at a time."""
     seeds = list(range(FIRST_SEED, FIRST_SEED + episodes))
     jobs = [(model_path, seed, duration_s, policy, budget, variants, spacing_s) for seed in seeds]
-    by_seed = {}
     with tqdm(total=episodes, desc=f"pruning {policy} {duration_s:.0f} s", unit="episode") as progress:
-        if workers > 1:
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
-                for seed, cells in pool.imap_unordered(_score_episode, jobs):
-                    by_seed[seed] = cells
-                    progress.update()
-        else:
-            for job in jobs:
-                seed, cells = _score_episode(job)
-                by_seed[seed] = cells
-                progress.update()
+        by_seed = score_episodes(_score_episode, jobs, workers, progress)
     results = {variant: EvalResult() for variant in variants}
     for seed in seeds:
         for variant, result in by_seed[seed].items():

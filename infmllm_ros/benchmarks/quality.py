@@ -17,7 +17,7 @@ from tqdm import tqdm
 from infmllm_ros.evaluation import EvalResult, evaluate_episode, render_episode, wilson_interval
 from infmllm_ros.synthetic import FAMILIES
 
-from .measure import make_session
+from .measure import make_session, score_episodes
 
 BUDGET_SHARES = (0.05, 0.10, 0.25)
 BOUNDED = ("streaming", "h2o", "infmllm")
@@ -80,17 +80,7 @@ def run_quality(model_path, episodes: int, duration_s: float, shares=BUDGET_SHAR
     del full
     budgets = {(policy, share): int(share * stream_tokens) for share in shares for policy in policies}
     jobs = [(model_path, seed, duration_s, budgets, spacing_s, seed != seeds[0]) for seed in seeds]
-    by_seed = {}
-    if workers > 1:
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for seed, cells in pool.imap_unordered(_score_episode, jobs):
-                by_seed[seed] = cells
-                progress.update(len(cells))
-    else:
-        for job in jobs:
-            seed, cells = _score_episode(job)
-            by_seed[seed] = cells
-            progress.update(len(cells))
+    by_seed = score_episodes(_score_episode, jobs, workers, progress, weight=len)
     progress.close()
     for seed in seeds:   # merged in seed order, so mistakes and answers read the same at any worker count
         for key, result in by_seed[seed].items():

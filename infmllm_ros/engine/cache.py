@@ -213,9 +213,7 @@ class BoundedCache(Cache):
         evicted = self.make_room(count)
         if frame and self.store is not None:
             self.unstored_frames.append((self.tokens_seen, self.tokens_seen + count, stamp))
-        layout, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
-        self.next_segment = int(layout.segments.max()) + 1
-        self.next_position = int(position_ids.max()) + 1
+        layout, position_ids = self._lay_out(inputs)
         if keep is not None:
             keep = keep.cpu()
             layout = ChunkLayout(positions=layout.positions[keep], segments=layout.segments[keep])
@@ -227,8 +225,14 @@ class BoundedCache(Cache):
         """Advance positions past `inputs` without appending them (a frame left out whole): what follows
         sits as if it had been streamed, as after a gap in the camera, until the next eviction packs
         the cache's positions again."""
-        _, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
+        self._lay_out(inputs)
+
+    def _lay_out(self, inputs: dict) -> tuple[ChunkLayout, torch.Tensor]:
+        """`inputs` laid out after everything streamed so far; the next input starts after them."""
+        layout, position_ids = self.positions.layout(inputs, self.next_position, self.next_segment)
+        self.next_segment = int(layout.segments.max()) + 1
         self.next_position = int(position_ids.max()) + 1
+        return layout, position_ids
 
     def _expect(self, layout: ChunkLayout) -> None:
         """Hand every layer the positions/segments of the tokens the next forward appends."""
