@@ -278,6 +278,9 @@ def main(argv=None) -> int:
     parser.add_argument("--forget-answers", action="store_true",
                         help="diagnostic (full cache only): each question and its answer leave the cache once "
                              "scored, so the stream holds frames only")
+    parser.add_argument("--training-seeds", action="store_true",
+                        help="diagnostic: allow seeds from 90,000 up (validation and training episodes), to tell a "
+                             "model that did not fit its training streams from one that does not generalise")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
@@ -285,8 +288,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.forget_answers and args.policy != "full":
         parser.error("--forget-answers is a diagnostic of the model: use it with --policy full")
-    if args.first_seed + args.episodes > 90_000:
-        parser.error("seeds from 90,000 up are validation/training episodes")
+    if args.first_seed + args.episodes > 90_000 and not args.training_seeds:
+        parser.error("seeds from 90,000 up are validation/training episodes (--training-seeds to score them anyway)")
 
     try:
         session = StreamingSession(SessionConfig(model_path=args.model_path, cache_policy=args.policy,

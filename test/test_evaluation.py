@@ -157,3 +157,13 @@ def test_forgotten_answers_leave_frames_only():
     assert sum(result.total.values()) > 0
     assert session.cache.length == session.cache.tokens_seen == result.frame_tokens == 20 * session.frame_tokens
     assert session.cache.next_position == result.frame_tokens
+
+
+def test_training_seeds_are_refused_unless_asked_for(capsys):
+    """Evaluation seeds stay disjoint from training ones; scoring the training episodes is a named diagnostic."""
+    from infmllm_ros.evaluation import main
+    with pytest.raises(SystemExit) as refused:
+        main(["--first-seed", "100000", "--episodes", "1"])
+    assert refused.value.code == 2 and "--training-seeds" in capsys.readouterr().err
+    assert main(["--first-seed", "100000", "--episodes", "1", "--duration", "8", "--training-seeds", "--json"]) == 0
+    assert '"correct"' in capsys.readouterr().out
