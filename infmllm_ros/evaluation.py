@@ -197,31 +197,36 @@ def evaluate_cut_episode(session: StreamingSession, seed: int, duration_s: float
         if question.family != "distant":
             continue
         t_enter, t_exit = question.evidence
-        shown = [t for t in times if t < question.t and (t_enter - pad <= t <= t_exit + pad
-                                                         or t >= question.t - tail_frames / FEED_RATE_HZ)]
+        shown = {t for t in times if t < question.t and (t_enter - pad <= t <= t_exit + pad
+                                                         or t >= question.t - tail_frames / FEED_RATE_HZ)}
         session.reset()
         earlier = iter(q for q in questions if q.t < question.t)
         other = next(earlier, None)
-        for t in (times if positions == "stream" else shown):
+        for t in times:
             if t >= question.t:
                 break
             while positions == "stream" and other is not None and other.t < t:
-                session.skip_text(session.prompt.question.format(question=other.text) + other.answer)
+                _skip_question(session, other)
                 other = next(earlier, None)
-            if t not in rendered and t in shown:
-                rendered[t] = episode.render(t)
             if t in shown:
+                if t not in rendered:
+                    rendered[t] = episode.render(t)
                 session.add_frame(rendered[t], stamp=t)
-            else:
+            elif positions == "stream":
                 session.skip_frame(_BLANK_FRAME)
         while positions == "stream" and other is not None:
-            session.skip_text(session.prompt.question.format(question=other.text) + other.answer)
+            _skip_question(session, other)
             other = next(earlier, None)
         ask(session, question, seed, result)
 
 
 #: what a left-out frame is laid out as: any frame of the world's size takes the same positions
 _BLANK_FRAME = np.zeros((HEIGHT, WIDTH, 3), dtype=np.uint8)
+
+
+def _skip_question(session: StreamingSession, question) -> None:
+    """Advance positions past a question left out, at the length its reference answer takes."""
+    session.skip_text(session.prompt.question.format(question=question.text) + question.answer)
 
 
 def ask(session, question, seed, result: EvalResult, frames: _FrameSpans | None = None, forget: bool = False) -> None:
