@@ -165,7 +165,11 @@ class StreamingSession:
     def _tokens_per_frame(self) -> int:
         """Tokens one REFERENCE_FRAME camera frame takes in this model's prompt format."""
         blank = Image.new("RGB", REFERENCE_FRAME[::-1])
-        return int(self.processor(text=self.prompt.frame, images=[blank], return_tensors="pt")["input_ids"].shape[-1])
+        return int(self._frame_inputs(blank)["input_ids"].shape[-1])
+
+    def _frame_inputs(self, image: Image.Image) -> dict:
+        """One camera frame in this model's prompt format, as its processor prepares it."""
+        return self.processor(text=self.prompt.frame, images=[image], return_tensors="pt")
 
     # ---- appending -------------------------------------------------------------------------
 
@@ -174,7 +178,7 @@ class StreamingSession:
         if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
             raise ValueError("a frame must be an H x W x 3 uint8 RGB array")
         start = time.perf_counter()
-        inputs = self.processor(text=self.prompt.frame, images=[Image.fromarray(rgb)], return_tensors="pt")
+        inputs = self._frame_inputs(Image.fromarray(rgb))
         count = inputs["input_ids"].shape[-1]
         if count > self.policy.chunk and self.policy.name != "full":
             raise ValueError(f"one frame is {count} tokens, more than the eviction chunk ({self.policy.chunk}); "
@@ -204,7 +208,7 @@ class StreamingSession:
     def skip_frame(self, rgb: np.ndarray) -> None:
         """Advance positions past one frame without appending it: what comes next sits where it
         would had the frame been streamed (a diagnostic's stream with frames left out)."""
-        self.cache.skip(self.processor(text=self.prompt.frame, images=[Image.fromarray(rgb)], return_tensors="pt"))
+        self.cache.skip(self._frame_inputs(Image.fromarray(rgb)))
 
     def skip_text(self, text: str) -> None:
         """Advance positions past `text` without appending it (see skip_frame)."""

@@ -81,10 +81,9 @@ def fit_probe(inputs: torch.Tensor, labels: torch.Tensor, classes: int, seed: in
     return probe
 
 
-def retrieval_precision(log_probs: torch.Tensor, stream: RenderedStream, attribute: str) -> list[float]:
+def retrieval_precision(log_probs: torch.Tensor, stream: RenderedStream, episode, attribute: str) -> list[float]:
     """Per seen-once value of `attribute` in the stream's episode: the share of the k frames whose best
     patch scores it highest that show the object (k = frames that show it)."""
-    episode = generate_episode(stream.seed, round(len(stream.frame_times)))
     names = ATTRIBUTES[attribute]
     uses = collections.Counter(getattr(obj, attribute) for obj in episode.objects)
     scores = []
@@ -116,6 +115,7 @@ def probe_representations(model, tokenizer, train: list[RenderedStream], held_ou
     for stream in tqdm(held_out, desc="probe: held-out streams", unit="stream"):
         kept, shapes, colours = patch_labels(stream)
         labels = {"shape": shapes, "colour": colours}
+        episode = generate_episode(stream.seed, round(len(stream.frame_times)))
         for depth, states in enumerate(hidden_states(model, tokenizer, stream)):
             with torch.no_grad():
                 for attribute, probe in probes[depth].items():
@@ -125,7 +125,7 @@ def probe_representations(model, tokenizer, train: list[RenderedStream], held_ou
                     results[depth]["right"][attribute] += int(hits[occupied].sum())
                     results[depth]["held"][attribute] += int(occupied.sum())
                     results[depth]["precision"][attribute] += retrieval_precision(
-                        logits.log_softmax(-1), stream, attribute)
+                        logits.log_softmax(-1), stream, episode, attribute)
     rows = []
     for depth, result in results.items():
         row = {"representation": "tower output" if depth == 0 else f"language model layer {depth}"}
