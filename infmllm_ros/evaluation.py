@@ -174,20 +174,29 @@ CUT_PAD_FRAMES = 3
 #: where a cut stream's tokens sit: packed one after another, or where the whole stream puts them
 CUT_POSITIONS = ("compact", "stream")
 
+#: which other frames a cut stream keeps besides the evidence and the tail: none, every frame
+#: before the evidence, or every frame between the evidence and the tail
+CUT_KEEPS = ("none", "before", "between")
+
 
 def evaluate_cut_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
-                         tail_frames: int, spacing_s: float = DEFAULT_SPACING_S, positions: str = "compact") -> None:
+                         tail_frames: int, spacing_s: float = DEFAULT_SPACING_S, positions: str = "compact",
+                         keep: str = "none") -> None:
     """Distant questions only, each asked of a fresh cache fed just its evidence frames (+/- a few)
     and the last `tail_frames` frames before it, in time order. `positions` "compact": packed;
     "stream": each at its position in the whole stream (the frames and questions left out still
     advance positions, a question at its reference answer's length), so distance stays as it was.
+    `keep` "before" / "between": also every frame before the evidence / between it and the tail.
 
     A diagnostic of the model, not of a policy: set beside the whole stream it says whether a
     wrong distant answer comes from reading the evidence, from the minutes streamed between, or
-    (compact against stream) from how far back the evidence sits.
+    (compact against stream) from how far back the evidence sits; `keep` tells the frames before
+    the evidence from those after it.
     """
     if positions not in CUT_POSITIONS:
         raise ValueError(f"positions must be one of {CUT_POSITIONS}")
+    if keep not in CUT_KEEPS:
+        raise ValueError(f"keep must be one of {CUT_KEEPS}")
     episode = generate_episode(seed, duration_s)
     times = frame_times(duration_s)
     rendered: dict[float, object] = {}
@@ -198,7 +207,9 @@ def evaluate_cut_episode(session: StreamingSession, seed: int, duration_s: float
             continue
         t_enter, t_exit = question.evidence
         shown = {t for t in times if t < question.t and (t_enter - pad <= t <= t_exit + pad
-                                                         or t >= question.t - tail_frames / FEED_RATE_HZ)}
+                                                         or t >= question.t - tail_frames / FEED_RATE_HZ
+                                                         or (keep == "before" and t < t_enter - pad)
+                                                         or (keep == "between" and t > t_exit + pad))}
         session.reset()
         earlier = iter(q for q in questions if q.t < question.t)
         other = next(earlier, None)
@@ -280,6 +291,9 @@ def main(argv=None) -> int:
                              "frames and the last TAIL frames")
     parser.add_argument("--cut-positions", default="compact", choices=CUT_POSITIONS,
                         help="with --cut-to-evidence: frames packed (compact) or where the whole stream puts them")
+    parser.add_argument("--cut-keep", default="none", choices=CUT_KEEPS,
+                        help="with --cut-to-evidence: also keep every frame before the evidence, or every frame "
+                             "between it and the tail")
     parser.add_argument("--forget-answers", action="store_true",
                         help="diagnostic (full cache only): each question and its answer leave the cache once "
                              "scored, so the stream holds frames only")
@@ -314,7 +328,7 @@ def main(argv=None) -> int:
                      unit="episode", disable=args.json):
         if args.cut_to_evidence is not None:
             evaluate_cut_episode(session, seed, args.duration, result, args.cut_to_evidence, args.spacing,
-                                 positions=args.cut_positions)
+                                 positions=args.cut_positions, keep=args.cut_keep)
         else:
             evaluate_episode(session, seed, args.duration, result, spacing_s=args.spacing,
                              forget_answers=args.forget_answers)
@@ -325,7 +339,7 @@ def main(argv=None) -> int:
         json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes, "device": args.device,
                    "dtype": args.dtype, "quantization": args.quantization,
                    "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence,
-                   "cut_positions": args.cut_positions, "forget_answers": args.forget_answers, "accuracy": accuracy,
+                   "cut_positions": args.cut_positions, "cut_keep": args.cut_keep, "forget_answers": args.forget_answers, "accuracy": accuracy,
                    "correct": result.correct, "total": result.total, "by_kind": dict(sorted(result.by_kind.items())),
                    "recall_store_mb": args.recall_store_mb, "recall_frames": args.recall_frames,
                    "recall_hits": result.recall_hits, "recall_store_mb_at_end": store_mb, "ttft_p50_ms": ttft_p50_ms,

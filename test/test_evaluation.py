@@ -99,6 +99,46 @@ def test_cut_streams_feed_only_the_evidence_and_the_tail():
         assert any(t_enter <= t < t_exit for t in fed), "the evidence itself must be shown"
 
 
+@pytest.mark.parametrize("keep", ["before", "between"])
+def test_cut_streams_can_keep_the_frames_before_or_after_the_evidence(keep):
+    """--cut-keep: besides the evidence and the tail, every frame before the evidence (before) or
+    every frame from the evidence to the tail (between), and no other."""
+    from infmllm_ros.engine.session import SessionConfig, StreamingSession
+    from infmllm_ros.evaluation import CUT_PAD_FRAMES, EvalResult, evaluate_cut_episode, frame_times
+    from infmllm_ros.synthetic import generate_episode, generate_questions
+
+    class Recording(StreamingSession):
+        def reset(self):
+            super().reset()
+            self.fed = []
+
+        def add_frame(self, image, stamp=None):
+            self.fed.append(stamp)
+            return super().add_frame(image, stamp=stamp)
+
+        def ask(self, question, *args, **kwargs):
+            asked.append(list(self.fed))
+            return super().ask(question, *args, **kwargs)
+
+    asked = []
+    seed, duration, tail = 2003, 140.0, 4   # evidence from 3.9 s: one frame before it
+    session = Recording(SessionConfig(cache_policy="full"))
+    evaluate_cut_episode(session, seed, duration, EvalResult(), tail_frames=tail, positions="stream", keep=keep)
+    distant = sorted((q for q in generate_questions(generate_episode(seed, duration), seed) if q.family == "distant"),
+                     key=lambda q: q.t)
+    assert len(asked) == len(distant) > 0
+    between_cut_and_whole = 0
+    for question, fed in zip(distant, asked):
+        t_enter, t_exit = question.evidence
+        before = [t for t in frame_times(duration) if t < question.t]
+        evidence_or_tail = [t for t in before if t_enter - CUT_PAD_FRAMES <= t <= t_exit + CUT_PAD_FRAMES
+                            or t >= question.t - tail]
+        kept = [t for t in before if (t < t_enter - CUT_PAD_FRAMES if keep == "before" else t > t_exit + CUT_PAD_FRAMES)]
+        assert fed == sorted(set(evidence_or_tail + kept))
+        between_cut_and_whole += len(evidence_or_tail) < len(fed) < len(before)
+    assert between_cut_and_whole, "some question keeps more than the cut and less than the whole stream"
+
+
 def test_cut_streams_can_keep_the_whole_streams_positions():
     """--cut-positions stream: each frame fed sits at the position the whole stream gives it (the
     frames and questions left out still advance positions), so only the minutes between are gone."""
