@@ -188,3 +188,34 @@ def test_recall_settings_are_checked():
         SessionConfig(recall_store_mb=-1)
     with pytest.raises(ValueError, match=">= 0"):
         SessionConfig(recall_frames=-2)
+
+
+def test_the_question_probe_reads_queries_after_a_query_norm():
+    """Qwen3-style attention normalises each head's query before RoPE (q_norm) and stores keys after
+    k_norm: the probe must score with the normalised queries, or they would not be alike."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from infmllm_ros.engine.probe import QueryProbe
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)).eval()
+    for layer in model.model.layers:   # norms that are not the identity, so skipping them shows
+        torch.nn.init.uniform_(layer.self_attn.q_norm.weight, 0.5, 2.0)
+    inputs = {}
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs, number=number: inputs.__setitem__(number, kwargs["hidden_states"]),
+        with_kwargs=True) for number, layer in enumerate(model.model.layers)]
+    probe = QueryProbe(model)
+    with torch.no_grad(), probe.attached():
+        model(torch.arange(10).unsqueeze(0))
+    for hook in hooks:
+        hook.remove()
+    for number, layer in enumerate(model.model.layers):
+        attention = layer.self_attn
+        projected = attention.q_proj(inputs[number]).view(1, 10, 4, 16)[0, -1]
+        expected = attention.q_norm(projected)
+        got = probe.grouped()[number]
+        assert got.shape == (2, 2, 16)
+        torch.testing.assert_close(got.reshape(4, 16), expected.detach())
+        assert not torch.allclose(got.reshape(4, 16), projected.detach(), atol=1e-3)

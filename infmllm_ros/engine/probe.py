@@ -1,8 +1,10 @@
 """A question's queries, read during one forward: what stored frames are scored against for recall.
 
 Forward hooks on each decoder layer's query projection see the queries before RoPE turns them, so
-they compare with the recall store's un-rotated keys without undoing any rotation. Query heads are
-grouped by the KV head they read (grouped-query attention).
+they compare with the recall store's un-rotated keys without undoing any rotation. Where the
+attention normalises queries per head before RoPE (`q_norm`: Qwen3, Gemma 3; its keys are stored
+after `k_norm`), the hook sits on that norm instead, so queries and stored keys are alike. Query
+heads are grouped by the KV head they read (grouped-query attention).
 
 Only the forward's last token is kept: the question's final token is the one whose attention
 predicts the answer's first word, so its queries are the ones that look for the evidence. In a
@@ -34,7 +36,7 @@ class QueryProbe:
 
     @contextmanager
     def attached(self) -> Iterator["QueryProbe"]:
-        handles = [layer.self_attn.q_proj.register_forward_hook(self._hook(number))
+        handles = [query_output(layer.self_attn).register_forward_hook(self._hook(number))
                    for number, layer in enumerate(self.layers)]
         try:
             yield self
@@ -44,8 +46,8 @@ class QueryProbe:
 
     def _hook(self, number: int):
         def keep(module, inputs, output):
-            last = output[0, -1].detach().float()
-            self.queries[number] = last.view(self.kv_heads, self.heads // self.kv_heads, -1)   # (kv, group, dim)
+            last = output[0, -1].detach().float()   # (heads * dim) from q_proj, (heads, dim) from q_norm
+            self.queries[number] = last.reshape(self.kv_heads, self.heads // self.kv_heads, -1)   # (kv, group, dim)
         return keep
 
     def grouped(self) -> list[torch.Tensor]:
@@ -53,3 +55,9 @@ class QueryProbe:
         if any(queries is None for queries in self.queries):
             raise RuntimeError("no forward ran while the probe was attached")
         return list(self.queries)
+
+
+def query_output(attention) -> torch.nn.Module:
+    """The module whose output is the attention's queries just before RoPE: q_norm where it has one."""
+    norm = getattr(attention, "q_norm", None)
+    return norm if isinstance(norm, torch.nn.Module) else attention.q_proj
