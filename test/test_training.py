@@ -81,6 +81,21 @@ def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path)
     assert torch.equal(a.model.language_model.rotary_emb.inv_freq, b.model.language_model.rotary_emb.inv_freq)
 
 
+def test_rope_theta_sets_the_language_models_frequencies():
+    """--rope-theta: the base the model is built, trained and saved with (default: 10,000)."""
+    import torch
+
+    from infmllm_ros.synthetic import corpus_text
+    from infmllm_ros.tiny_model.architecture import build_model, train_tokenizer
+    assert parse_args(TINY).rope_theta == 10000.0 and parse_args([*TINY, "--rope-theta", "5e5"]).rope_theta == 5e5
+    tokenizer = train_tokenizer(corpus_text(range(5)))
+    model = build_model(tokenizer, vision_layers=1, language_layers=1, rope_theta=500000.0)
+    head_dim = model.config.text_config.hidden_size // model.config.text_config.num_attention_heads
+    expected = 500000.0 ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    torch.testing.assert_close(model.model.language_model.rotary_emb.inv_freq, expected)
+    assert model.config.text_config.rope_parameters["rope_theta"] == 500000.0
+
+
 def test_init_from_and_a_different_vision_from_refused(tmp_path):
     done = train("--init-from", str(tmp_path / "a"), "--vision-from", str(tmp_path / "b"), "--steps", "1",
                  "--out", str(tmp_path / "m"), timeout=60)

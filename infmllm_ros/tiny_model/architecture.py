@@ -48,8 +48,8 @@ def build_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
                           vision_feature_select_strategy="default", num_additional_image_tokens=1)
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
-                vision_layers: int = 3, language_layers: int = 4) -> LlavaForConditionalGeneration:
+def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128, vision_layers: int = 3,
+                language_layers: int = 4, rope_theta: float = 10000.0) -> LlavaForConditionalGeneration:
     config = LlavaConfig(
         vision_config=dict(model_type="clip_vision_model", hidden_size=vision_width,
                            intermediate_size=2 * vision_width, num_hidden_layers=vision_layers,
@@ -57,7 +57,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128,
                            patch_size=PATCH_SIZE, projection_dim=vision_width),
         text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
                          num_hidden_layers=language_layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, tie_word_embeddings=True,
+                         max_position_embeddings=MAX_POSITIONS, rope_theta=rope_theta, tie_word_embeddings=True,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_seq_length=IMAGE_TOKENS,

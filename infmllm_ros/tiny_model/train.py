@@ -98,6 +98,9 @@ def parse_args(argv):
     parser.add_argument("--attention-factor", type=float, default=1.3,
                         help="scale written into the saved model's RoPE (YaRN attention_factor at factor 1: "
                              "logits x factor^2) for streams longer than the training windows; training runs at 1")
+    parser.add_argument("--rope-theta", type=float, default=10000.0,
+                        help="RoPE base of the language model: a larger base leaves more slowly turning "
+                             "dimensions to match content minutes apart (README, the embedded model)")
     parser.add_argument("--vision-episodes", type=int, default=3600,
                         help="short episodes for the vision stage, 8 frames each")
     parser.add_argument("--vision-steps", type=int, default=6000, help="stage 0: direct vision pretraining steps")
@@ -405,7 +408,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = train_tokenizer(corpus_text(range(200)))
-    model = build_model(tokenizer, args.vision_width, args.vision_layers, args.language_layers).train()
+    model = build_model(tokenizer, args.vision_width, args.vision_layers, args.language_layers,
+                        args.rope_theta).train()
     checkpoint_path = args.work_dir / "checkpoint.pt"
     if not args.resume and checkpoint_path.exists():
         raise SystemExit(f"infmllm-train-tiny: {checkpoint_path} exists: pass --resume to continue it, "
@@ -493,7 +497,7 @@ def main(argv=None) -> int:
               "side_questions": args.side_questions, "balance_kinds": args.balance_kinds,
               "language_layers": args.language_layers,
               "init_from": str(args.init_from) if args.init_from else None,
-              "attention_factor": args.attention_factor,
+              "attention_factor": args.attention_factor, "rope_theta": args.rope_theta,
               "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
               "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
