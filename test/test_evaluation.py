@@ -56,14 +56,12 @@ def test_wilson_interval_contains_the_rate_and_narrows_with_more_questions():
     assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == pytest.approx(1.0)
 
 
-def test_cut_streams_feed_only_the_evidence_and_the_tail():
-    """--cut-to-evidence: each distant question gets a fresh cache holding its evidence frames
-    (+/- CUT_PAD_FRAMES) and the last TAIL frames before it, and nothing from between."""
-    from infmllm_ros.engine.session import SessionConfig, StreamingSession
-    from infmllm_ros.evaluation import CUT_PAD_FRAMES, EvalResult, evaluate_cut_episode
-    from infmllm_ros.synthetic import generate_episode, generate_questions
+def recording_session(config):
+    """The real session, with the stamps of the frames fed since its last reset written down at
+    each question: (question, stamps, frames_seen) in `session.asked`."""
+    from infmllm_ros.engine.session import StreamingSession
 
-    class Recording(StreamingSession):   # the real session, with what it was fed written down
+    class Recording(StreamingSession):
         def reset(self):
             super().reset()
             self.fed = []
@@ -73,12 +71,24 @@ def test_cut_streams_feed_only_the_evidence_and_the_tail():
             return super().add_frame(image, stamp=stamp)
 
         def ask(self, question, *args, **kwargs):
-            asked.append((question, list(self.fed), self.frames_seen))
+            self.asked.append((question, list(self.fed), self.frames_seen))
             return super().ask(question, *args, **kwargs)
 
-    asked = []
+    session = Recording(config)
+    session.asked = []
+    return session
+
+
+def test_cut_streams_feed_only_the_evidence_and_the_tail():
+    """--cut-to-evidence: each distant question gets a fresh cache holding its evidence frames
+    (+/- CUT_PAD_FRAMES) and the last TAIL frames before it, and nothing from between."""
+    from infmllm_ros.engine.session import SessionConfig
+    from infmllm_ros.evaluation import CUT_PAD_FRAMES, EvalResult, evaluate_cut_episode
+    from infmllm_ros.synthetic import generate_episode, generate_questions
+
     seed, duration, tail = 2001, 140.0, 8   # three distant questions
-    session = Recording(SessionConfig(cache_policy="full"))
+    session = recording_session(SessionConfig(cache_policy="full"))
+    asked = session.asked
     result = EvalResult()
     evaluate_cut_episode(session, seed, duration, result, tail_frames=tail)
     distant = sorted((q for q in generate_questions(generate_episode(seed, duration), seed) if q.family == "distant"),
@@ -103,32 +113,18 @@ def test_cut_streams_feed_only_the_evidence_and_the_tail():
 def test_cut_streams_can_keep_the_frames_before_or_after_the_evidence(keep):
     """--cut-keep: besides the evidence and the tail, every frame before the evidence (before) or
     every frame from the evidence to the tail (between), and no other."""
-    from infmllm_ros.engine.session import SessionConfig, StreamingSession
+    from infmllm_ros.engine.session import SessionConfig
     from infmllm_ros.evaluation import CUT_PAD_FRAMES, EvalResult, evaluate_cut_episode, frame_times
     from infmllm_ros.synthetic import generate_episode, generate_questions
 
-    class Recording(StreamingSession):
-        def reset(self):
-            super().reset()
-            self.fed = []
-
-        def add_frame(self, image, stamp=None):
-            self.fed.append(stamp)
-            return super().add_frame(image, stamp=stamp)
-
-        def ask(self, question, *args, **kwargs):
-            asked.append(list(self.fed))
-            return super().ask(question, *args, **kwargs)
-
-    asked = []
     seed, duration, tail = 2003, 140.0, 4   # evidence from 3.9 s: one frame before it
-    session = Recording(SessionConfig(cache_policy="full"))
+    session = recording_session(SessionConfig(cache_policy="full"))
     evaluate_cut_episode(session, seed, duration, EvalResult(), tail_frames=tail, positions="stream", keep=keep)
     distant = sorted((q for q in generate_questions(generate_episode(seed, duration), seed) if q.family == "distant"),
                      key=lambda q: q.t)
-    assert len(asked) == len(distant) > 0
+    assert len(session.asked) == len(distant) > 0
     between_cut_and_whole = 0
-    for question, fed in zip(distant, asked):
+    for question, (_, fed, _) in zip(distant, session.asked):
         t_enter, t_exit = question.evidence
         before = [t for t in frame_times(duration) if t < question.t]
         evidence_or_tail = [t for t in before if t_enter - CUT_PAD_FRAMES <= t <= t_exit + CUT_PAD_FRAMES

@@ -186,11 +186,11 @@ def realsize_suite(suite: Suite, model_path: str, args) -> None:
                 f"{size.frames} frames, KV after an hour at 1 frame/s (memory bandwidth read "
                 f"{bandwidth['read_gbs']:.1f} GB/s, copy {bandwidth['copy_gbs']:.1f} GB/s)", result["summaries"],
                 ["model", "mode", "weights_mb", "decode_weights_mb", "frame_tokens", "ingest_ms", "ttft_ms", "decode_steps",
-                 "hour_kv_full_mb", "hour_kv_infmllm_mb", "rss_loaded_mb", "skipped"])
+                 "weights_floor_ms", "linears_ms", "linears_of_floor_pct", "hour_kv_full_mb", "hour_kv_infmllm_mb", "rss_loaded_mb", "skipped"])
     suite.table(f"Decode ms/token against the floor (bytes read per token / {bandwidth['read_gbs']:.1f} GB/s); "
                 f"infmllm budget {size.budget:,}", result["cells"],
                 ["model", "mode", "runner", "context", "cache_tokens", "decode_ms", "floor_ms", "of_floor_pct",
-                 "eviction_ms", "kv_mb", "reserved_mb", "rss_mb"])
+                 "linears_share_pct", "eviction_ms", "kv_mb", "reserved_mb", "rss_mb"])
     suite.save({**result, "size": vars(size)})
     suite.plot(realsize_plot(suite.file, result["cells"], suite.out))
 

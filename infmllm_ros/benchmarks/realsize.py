@@ -170,6 +170,35 @@ def decode_weight_bytes(model) -> int:
     return total + tensor_bytes(model.get_output_embeddings().weight)
 
 
+LINEAR_REPEATS = 5   # passes over the decoder's linear layers; the fastest is kept
+
+
+def linear_kernels_ms(model, repeats: int = LINEAR_REPEATS) -> float:
+    """What PyTorch's own kernels take to read a decoding step's weights: every linear layer of the
+    decoder (fp32 or dynamic int8, as loaded) and the output head, each called on one token in turn,
+    with no attention, norms or Python of the layers around them. The gap between this and the
+    bandwidth floor is the kernels'; the gap between this and a decoding step is the model's code
+    and the engine's."""
+    quantized = getattr(torch.ao.nn.quantized.dynamic, "Linear", ())
+    linears = [module for module in model.get_decoder().layers.modules()
+               if isinstance(module, (torch.nn.Linear, quantized))]
+    linears.append(model.get_output_embeddings())
+    device = next(model.get_decoder().parameters()).device
+    dtype = next(model.get_decoder().parameters()).dtype
+    inputs = {module.in_features: torch.randn(1, 1, module.in_features, device=device, dtype=dtype)
+              for module in linears}
+    passes = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):   # the first pass warms up and is not kept
+            synchronize_device(device)
+            started = time.perf_counter()
+            for module in linears:
+                module(inputs[module.in_features])
+            synchronize_device(device)
+            passes.append(time.perf_counter() - started)
+    return 1000 * min(passes[1:])
+
+
 def kv_shape(model) -> tuple[int, int, int, torch.dtype]:
     """(layers, KV heads, head dim, dtype) of the model's keys and values."""
     text = model.config.get_text_config()
@@ -251,6 +280,10 @@ def measure_model(directory: str, name: str, mode: str, overrides: dict, size: S
     answer = session.ask(QUESTION, max_new_tokens=1)
     summary.update(ingest_ms=1000 * statistics.median(ingest), ttft_ms=1000 * answer.ttft_s,
                    ttft_context=answer.cache_tokens)
+    linears_ms = linear_kernels_ms(model)
+    weights_floor_ms = 1000 * weight_bytes / (bandwidth_gbs * 1e9)
+    summary.update(linears_ms=linears_ms, weights_floor_ms=weights_floor_ms,
+                   linears_of_floor_pct=100 * weights_floor_ms / linears_ms)
     cells = []
     for runner in RUNNERS:
         for context in size.contexts:
@@ -283,6 +316,7 @@ def measure_model(directory: str, name: str, mode: str, overrides: dict, size: S
             floor_bytes = weight_bytes + held
             cell["floor_ms"] = 1000 * floor_bytes / (bandwidth_gbs * 1e9)
             cell["of_floor_pct"] = 100 * cell["floor_ms"] / cell["decode_ms"]
+            cell["linears_share_pct"] = 100 * linears_ms / cell["decode_ms"]   # of the step: the weights' kernels
             cell["rss_mb"] = rss_mb()
             cell["gpu_peak_mb"] = gpu_peak_mb(session)
             cells.append(cell)
