@@ -173,6 +173,11 @@ def decode_weight_bytes(model) -> int:
 LINEAR_REPEATS = 5   # passes over the decoder's linear layers; the fastest is kept
 
 
+def read_ms(nbytes: int, bandwidth_gbs: float) -> float:
+    """Milliseconds to read `nbytes` at the measured bandwidth: the floor of whatever must read them."""
+    return 1000 * nbytes / (bandwidth_gbs * 1e9)
+
+
 def linear_kernels_ms(model, repeats: int = LINEAR_REPEATS) -> float:
     """What PyTorch's own kernels take to read a decoding step's weights: every linear layer of the
     decoder (fp32 or dynamic int8, as loaded) and the output head, each called on one token in turn,
@@ -183,8 +188,8 @@ def linear_kernels_ms(model, repeats: int = LINEAR_REPEATS) -> float:
     linears = [module for module in model.get_decoder().layers.modules()
                if isinstance(module, (torch.nn.Linear, quantized))]
     linears.append(model.get_output_embeddings())
-    device = next(model.get_decoder().parameters()).device
-    dtype = next(model.get_decoder().parameters()).dtype
+    weight = next(model.get_decoder().parameters())
+    device, dtype = weight.device, weight.dtype
     inputs = {module.in_features: torch.randn(1, 1, module.in_features, device=device, dtype=dtype)
               for module in linears}
     passes = []
@@ -281,7 +286,7 @@ def measure_model(directory: str, name: str, mode: str, overrides: dict, size: S
     summary.update(ingest_ms=1000 * statistics.median(ingest), ttft_ms=1000 * answer.ttft_s,
                    ttft_context=answer.cache_tokens)
     linears_ms = linear_kernels_ms(model)
-    weights_floor_ms = 1000 * weight_bytes / (bandwidth_gbs * 1e9)
+    weights_floor_ms = read_ms(weight_bytes, bandwidth_gbs)
     summary.update(linears_ms=linears_ms, weights_floor_ms=weights_floor_ms,
                    linears_of_floor_pct=100 * weights_floor_ms / linears_ms)
     cells = []
@@ -313,8 +318,7 @@ def measure_model(directory: str, name: str, mode: str, overrides: dict, size: S
                             reserved_mb=policy.cache_bytes / 2**20)
                 del policy
             cell["attention"] = model.config.get_text_config()._attn_implementation   # what the step ran
-            floor_bytes = weight_bytes + held
-            cell["floor_ms"] = 1000 * floor_bytes / (bandwidth_gbs * 1e9)
+            cell["floor_ms"] = read_ms(weight_bytes + held, bandwidth_gbs)
             cell["of_floor_pct"] = 100 * cell["floor_ms"] / cell["decode_ms"]
             cell["linears_share_pct"] = 100 * linears_ms / cell["decode_ms"]   # of the step: the weights' kernels
             cell["rss_mb"] = rss_mb()
