@@ -7,9 +7,11 @@ it walks to active by itself, so `ros2 run` and `infmllm-run` give a working nod
 
 Threads, and why: camera and query callbacks only decode, check and queue (they never touch the
 model), so a long answer cannot block a camera; one worker thread (worker.py) owns the sessions
-(they are not thread-safe) and takes frames, questions and resets in arrival order (mailbox.py). A
-MultiThreadedExecutor with separate callback groups keeps cameras, queries, services and timers
-running side by side.
+(they are not thread-safe) and takes frames, questions and resets in arrival order (mailbox.py).
+`infmllm_node` spins the node on a SingleThreadedExecutor: every callback is short, and rclpy's
+MultiThreadedExecutor before rclpy 10.0.4 (Kilted, Jazzy, Humble) busy-loops (see main). The
+callback groups still say what may run side by side, for a user who adds the node to an executor
+of their own.
 
 Topics: ~/query (std_msgs/String, text or JSON {"id","question","camera"}), ~/answer (answer text),
 ~/answer_stream (each new piece of text as it is generated), ~/answer_info (JSON per query:
@@ -38,7 +40,7 @@ from rcl_interfaces.msg import ParameterDescriptor, ParameterType, SetParameters
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.duration import Duration
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, ShutdownException
+from rclpy.executors import ExternalShutdownException, ShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.logging import get_logger
 from rclpy.parameter import Parameter
@@ -522,7 +524,12 @@ def main(args: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):   # Ctrl-C, and what launch sends to stop a node
         signal.signal(signum, lambda *_: stop.set())
-    executor = MultiThreadedExecutor(num_threads=4)
+    # Not rclpy's MultiThreadedExecutor: before rclpy 10.0.4 it hands a callback to its pool and, until
+    # a pool thread has started it, hands it over again on every pass without waiting (rclpy issue
+    # 1452, fixed by pull 1547). At 30 camera messages a second its spin thread then ran a core flat
+    # out and held the GIL: measured on Kilted's rclpy 9.1.2, the node received 38 % of the frames and
+    # its answers' p95 was 100x the engine's. Every callback here only decodes, checks and queues.
+    executor = SingleThreadedExecutor()
     executor.add_node(node)
     # The executor spins on a thread of its own and the main thread waits in Python, where a signal
     # handler runs at once: with rclpy's handler off, nothing would wake an executor blocked in its
