@@ -17,6 +17,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -143,9 +144,11 @@ def render_episode(seed: int, duration_s: float) -> list:
 
 def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, result: EvalResult,
                      rendered: list | None = None, spacing_s: float = DEFAULT_SPACING_S,
-                     forget_answers: bool = False) -> None:
+                     forget_answers: bool = False, wait_until: Callable[[float], None] | None = None) -> None:
     """Stream one episode into `session` (from an empty cache) and score its questions into `result`;
-    `forget_answers`: each question and answer leaves the cache once scored (frames only)."""
+    `forget_answers`: each question and answer leaves the cache once scored (frames only);
+    `wait_until`: called with each frame's and question's stream time before it goes in (a pace)."""
+    wait_until = wait_until or (lambda t: None)
     episode = generate_episode(seed, duration_s)
     questions = sorted(generate_questions(episode, seed, spacing_s=spacing_s), key=lambda q: q.t)
     session.reset()
@@ -154,8 +157,10 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
     frames = _FrameSpans()
     for k, t in enumerate(frame_times(duration_s)):
         while question is not None and question.t < t:
+            wait_until(question.t)
             ask(session, question, seed, result, frames, forget=forget_answers)
             question = next(pending, None)
+        wait_until(t)
         start = session.cache.tokens_seen
         timing = session.add_frame(rendered[k] if rendered is not None else episode.render(t), stamp=t)
         result.frames += 1
@@ -163,6 +168,7 @@ def evaluate_episode(session: StreamingSession, seed: int, duration_s: float, re
         frames.stamps.append(t)
         frames.spans.append((start, session.cache.tokens_seen))
     while question is not None:
+        wait_until(question.t)
         ask(session, question, seed, result, frames, forget=forget_answers)
         question = next(pending, None)
 

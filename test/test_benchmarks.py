@@ -119,7 +119,8 @@ def test_node_quick_replays_a_30hz_bag_through_dds(tmp_path, ros_environ):
     assert row["skipped"] > 0   # 30 Hz in, 1 Hz of stamp time fed: skipping is the design
     assert row["answered"] + row["refused_or_failed"] + row["unanswered"] == row["questions"] > 0
     assert row["answered"] > 0
-    for key in ("observed_p50_ms", "node_p50_ms", "engine_p50_ms"):
+    for key in ("observed_p50_ms", "node_p50_ms", "engine_p50_ms", "engine_paced_p50_ms", "node_over_engine_paced_p95",
+                "node_cpu_share"):
         assert math.isfinite(row[key]) and row[key] > 0
     assert "| bag_s |" in result.stdout
     cameras = json.loads((tmp_path / "out" / "node_quick.json").read_text())["two_cameras"]

@@ -171,7 +171,7 @@ def node_suite(suite: Suite, model_path: str, args) -> None:
                 [cameras], [key for key in cameras if key != "rss_mb"])
     suite.save({"row": row, "two_cameras": cameras})
     bars = [{"measure": name, **{f"p{q}_ms": row[f"{name}_p{q}_ms"] for q in (50, 95, 99)}}
-            for name in ("observed", "node", "engine")]
+            for name in ("observed", "node", "engine", "engine_paced")]
     suite.plot(bar_plot(suite.file, bars, "measure", ["p50_ms", "p95_ms", "p99_ms"], suite.out))
     memory = [{"seconds": t, "node_rss_mb": mb, "run": "two cameras"} for t, mb in cameras["rss_mb"]]
     suite.plot(line_plot(f"{suite.file}_two_cameras_rss", memory, "seconds", ["node_rss_mb"], "run", suite.out,

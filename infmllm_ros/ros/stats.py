@@ -123,6 +123,8 @@ class NodeStats:
             frames_fed = max(self._frame_tokens["frames"], 1)
             return {
                 "uptime_s": round(time.monotonic() - self._started, 3),
+                # the whole process's CPU time, every thread: a spinning executor or a busy worker shows here
+                "cpu_s": round(time.process_time(), 3),
                 "cameras": {camera: dict(counts) for camera, counts in self._cameras.items()},
                 "bad_input": dict(self._bad),
                 "queries": {name: self._queries[name] for name in self.QUERY_OUTCOMES},
