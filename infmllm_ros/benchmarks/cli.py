@@ -170,8 +170,9 @@ def node_suite(suite: Suite, model_path: str, args) -> None:
     suite.table(f"Two cameras for {duration:.0f} s: rgb8 at {RAW_HZ:g} Hz and JPEG at {JPEG_HZ:g} Hz into one node",
                 [cameras], [key for key in cameras if key != "rss_mb"])
     suite.save({"row": row, "two_cameras": cameras})
-    bars = [{"measure": name, **{f"p{q}_ms": row[f"{name}_p{q}_ms"] for q in (50, 95, 99)}}
-            for name in ("observed", "node", "engine", "engine_paced")]
+    bars = [{"measure": label, **{f"p{q}_ms": row[f"{name}_p{q}_ms"] for q in (50, 95, 99)}}
+            for name, label in (("observed", "observed"), ("node", "node"), ("engine", "engine"),
+                                ("engine_paced", "engine\npaced"))]
     suite.plot(bar_plot(suite.file, bars, "measure", ["p50_ms", "p95_ms", "p99_ms"], suite.out))
     memory = [{"seconds": t, "node_rss_mb": mb, "run": "two cameras"} for t, mb in cameras["rss_mb"]]
     suite.plot(line_plot(f"{suite.file}_two_cameras_rss", memory, "seconds", ["node_rss_mb"], "run", suite.out,

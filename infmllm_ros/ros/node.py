@@ -8,10 +8,11 @@ it walks to active by itself, so `ros2 run` and `infmllm-run` give a working nod
 Threads, and why: camera and query callbacks only decode, check and queue (they never touch the
 model), so a long answer cannot block a camera; one worker thread (worker.py) owns the sessions
 (they are not thread-safe) and takes frames, questions and resets in arrival order (mailbox.py).
-`infmllm_node` spins the node on a SingleThreadedExecutor: every callback is short, and rclpy's
-MultiThreadedExecutor before rclpy 10.0.4 (Kilted, Jazzy, Humble) busy-loops (see main). The
-callback groups still say what may run side by side, for a user who adds the node to an executor
-of their own.
+`infmllm_node` spins the node on a SingleThreadedExecutor: the callbacks are short (only ~/reset,
+which waits for the worker to reach it, and the lifecycle transitions take longer; messages wait
+in their DDS queues meanwhile), and rclpy's MultiThreadedExecutor before rclpy 10.0.4 (Kilted
+ships 9.1.2) busy-loops (see main). The callback groups still say what may run side by side, for
+a user who adds the node to an executor of their own.
 
 Topics: ~/query (std_msgs/String, text or JSON {"id","question","camera"}), ~/answer (answer text),
 ~/answer_stream (each new piece of text as it is generated), ~/answer_info (JSON per query:
