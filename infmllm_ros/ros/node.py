@@ -529,7 +529,7 @@ def main(args: list[str] | None = None) -> int:
     # a pool thread has started it, hands it over again on every pass without waiting (rclpy issue
     # 1452, fixed by pull 1547). At 30 camera messages a second its spin thread then ran a core flat
     # out and held the GIL: measured on Kilted's rclpy 9.1.2, the node received 38 % of the frames and
-    # its answers' p95 was 100x the engine's. Every callback here only decodes, checks and queues.
+    # its answers' p95 was 100x the engine's. The node's callbacks are short (the module docstring).
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     # The executor spins on a thread of its own and the main thread waits in Python, where a signal
