@@ -544,9 +544,14 @@ def main(args: list[str] | None = None) -> int:
         signal.signal(signum, signal.SIG_IGN)
     joined = node.close()   # waiting questions get "shutdown" while the context still works
     executor.shutdown()
+    # Wait for the spin thread to leave rclpy: a daemon thread that wakes in C++ after the interpreter
+    # has begun to exit aborts the process ("terminate called without an active exception", exit
+    # -6: seen once in CI on SIGINT mid-answer).
+    spinner.join(STOP_JOIN_S)
+    joined = joined and not spinner.is_alive()
     node.destroy_node()
     rclpy.try_shutdown()
-    if not joined:  # a forward longer than STOP_JOIN_S: leave now rather than abort in torch at exit
+    if not joined:  # a forward (or a callback) longer than STOP_JOIN_S: leave now rather than abort at exit
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
