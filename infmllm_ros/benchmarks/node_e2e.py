@@ -7,8 +7,8 @@ received -> answer published), and the ratio of node latency to engine-only late
 questions asked of a bare StreamingSession fed the same episode at the same rate, in this process,
 with the torch thread count the node runs with (one on 2 cores: the default leaves a core to DDS),
 twice: back to back (`engine`), and paced as the bag plays, each frame and question at its stream
-time (`engine_paced`), since a model that waits up to a second between events answers from colder
-caches than one that runs without a pause (the 600 s run of 2026-12-07: p50 19.6 -> 25.7 ms).
+time (`engine_paced`), since a model that waits up to a second between events answers slower
+(colder caches, presumably) than one that runs without a pause (the 600 s run of 2026-12-07: p50 19.6 -> 25.7 ms).
 """
 
 from __future__ import annotations
