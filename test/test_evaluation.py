@@ -198,21 +198,21 @@ def test_forgotten_answers_leave_frames_only():
 def test_a_pace_sees_every_frame_and_question_in_stream_order_before_it_goes_in():
     """wait_until (the node suite's real-time engine reference) is called once per frame and per
     question, with its stream time, in order, before the session takes it."""
-    from infmllm_ros.engine.session import SessionConfig, StreamingSession
+    from infmllm_ros.engine.session import SessionConfig
     from infmllm_ros.evaluation import EvalResult, evaluate_episode
 
-    session = StreamingSession(SessionConfig(cache_policy="full"))
-    calls = []
-    session_ask, session_add = session.ask, session.add_frame
-    session.ask = lambda *a, **k: (calls.append(("asked", None)), session_ask(*a, **k))[1]
-    session.add_frame = lambda *a, **k: (calls.append(("fed", k["stamp"])), session_add(*a, **k))[1]
+    session = recording_session(SessionConfig(cache_policy="full"))
+    waits = []   # (stream time, frames fed, questions asked) at each wait
     result = EvalResult()
-    evaluate_episode(session, 3, 20.0, result, wait_until=lambda t: calls.append(("wait", t)))
-    waits = [t for kind, t in calls if kind == "wait"]
-    assert waits == sorted(waits) and len(waits) == result.frames + sum(result.total.values()) > result.frames
-    for (kind, t), (next_kind, fed_stamp) in zip(calls, calls[1:]):
-        if kind == "wait":   # each wait is followed by what it paced, a frame at that very time or a question
-            assert next_kind in ("fed", "asked") and (next_kind == "asked" or fed_stamp == t)
+    evaluate_episode(session, 3, 20.0, result,
+                     wait_until=lambda t: waits.append((t, len(session.fed), len(session.asked))))
+    times = [t for t, _, _ in waits]
+    assert times == sorted(times) and len(waits) == result.frames + sum(result.total.values()) > result.frames
+    ends = [(fed, asked) for _, fed, asked in waits[1:]] + [(len(session.fed), len(session.asked))]
+    for (t, fed, asked), (next_fed, next_asked) in zip(waits, ends):
+        # between a wait and the next, what it paced and nothing else: one frame at that very time, or one question
+        assert (next_fed - fed, next_asked - asked) in ((1, 0), (0, 1))
+        assert next_fed == fed or session.fed[fed] == t
 
 
 def test_training_seeds_are_refused_unless_asked_for(capsys):

@@ -67,16 +67,20 @@ def real_time_pace() -> Callable[[float], None]:
     return wait_until
 
 
-def engine_latencies(params: Path, duration_s: float, paced: bool) -> tuple[list[float], int]:
-    """Answer seconds of a bare session on the bag's episode, under the node's own torch thread
-    count (so the ratio is what the node adds), and that thread count."""
+def engine_latencies(params: Path, duration_s: float) -> tuple[list[float], list[float], int]:
+    """Answer seconds of one bare session on the bag's episode, back to back and then paced in real
+    time, under the node's own torch thread count (so the ratio is what the node adds), and that
+    thread count."""
     threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads(node_values(params)["torch_threads"]))
     try:
         engine = StreamingSession(node_session_config(params))
-        result = EvalResult()
-        evaluate_episode(engine, BAG_SEED, duration_s, result, wait_until=real_time_pace() if paced else None)
-        return [answer["total_s"] for answer in result.answers], torch.get_num_threads()
+        runs = []
+        for pace in (None, real_time_pace()):   # evaluate_episode starts each run from an empty cache
+            result = EvalResult()
+            evaluate_episode(engine, BAG_SEED, duration_s, result, wait_until=pace)
+            runs.append([answer["total_s"] for answer in result.answers])
+        return runs[0], runs[1], torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
 
@@ -95,8 +99,7 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
     observed = [info["heard_at"] - run.query_heard[info["id"]] for info in answered if info["id"] in run.query_heard]
     in_node = [info["latency_ms"] / 1000 for info in answered if info.get("latency_ms") is not None]
 
-    engine_only, engine_threads = engine_latencies(params, duration_s, paced=False)
-    engine_paced, _ = engine_latencies(params, duration_s, paced=True)
+    engine_only, engine_paced, engine_threads = engine_latencies(params, duration_s)
 
     row = {"bag_s": duration_s, "bag_hz": BAG_RATE_HZ, "torch_threads": engine_threads,
            "frames_in_bag": int(duration_s * BAG_RATE_HZ), **counts,
