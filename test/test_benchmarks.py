@@ -123,12 +123,15 @@ def test_node_quick_replays_a_30hz_bag_through_dds(tmp_path, ros_environ):
                 "node_cpu_share"):
         assert math.isfinite(row[key]) and row[key] > 0
     assert "| bag_s |" in result.stdout
+    for item in row["slow_items"]:   # a slow item's parts never add up to more than its time
+        assert item["waited_ms"] + item["worked_ms"] <= item["ms"] + 1.0
     cameras = json.loads((tmp_path / "out" / "node_quick.json").read_text())["two_cameras"]
     for name in ("raw", "jpeg"):   # every frame each camera delivered is accounted for, exactly
         assert cameras[f"{name}_accounted"] and cameras[f"{name}_fed"] > 0
         assert cameras[f"{name}_received"] <= cameras[f"sent_{name}"]
     assert cameras["answered"] + cameras["not_answered"] == cameras["queries"] > 0
     assert all(count > 0 for count in cameras["answered_per_camera"].values())
+    assert cameras["slow_ingest"] + cameras["slow_answer"] >= len(cameras["slow_items"])
     assert (tmp_path / "out" / "node_quick_two_cameras_rss.png").stat().st_size > 1000
 
 

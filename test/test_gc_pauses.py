@@ -52,3 +52,20 @@ def test_the_summary_never_counts_the_frozen_generation(monkeypatch):
         raise AssertionError("summary() walked the frozen generation")
     monkeypatch.setattr(gc, "get_freeze_count", walks_the_heap)
     assert pauses.summary()["frozen_objects"] == 380_176
+
+
+def test_total_pause_time_adds_up_every_recorded_pause():
+    pauses = GcPauses()
+    pauses.install()
+    try:
+        gc.disable()
+        gc.collect(2)
+        gc.collect(0)
+        with pauses.deliberate():
+            gc.collect(2)
+        total = pauses.total_s
+    finally:
+        gc.enable()
+        pauses.remove()
+    recorded = [s for samples in pauses._samples for s in samples]
+    assert len(recorded) == 2 and abs(total - sum(recorded)) < 1e-12 and total > 0

@@ -399,7 +399,7 @@ def test_check_normalises_and_cross_checks():
 def test_model_and_topic_parameters_are_read_only():
     writable = {spec.name for spec in parameters.PARAMETERS if not spec.read_only}
     assert writable == {"frame_rate_hz", "max_new_tokens", "query_queue_size", "max_query_chars",
-                        "max_image_pixels", "stats_period_s"}
+                        "max_image_pixels", "slow_work_factor", "stats_period_s"}
 
 
 # ---- run / replay / demo pieces ------------------------------------------------------------------

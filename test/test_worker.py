@@ -88,13 +88,14 @@ class Replies:
             return Counter(info["id"] for info in self.infos)
 
 
-def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50, cameras=("cam",), **settings):
+def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50, cameras=("cam",), report=None,
+                 **settings):
     settings = {"cache_policy": "full", **settings}
     sessions = CameraSessions(SessionConfig(model_path=str(model_dir), max_new_tokens=max_new_tokens, **settings),
                               list(cameras))
     queue, stats, replies = RequestQueue(max_queries), NodeStats(), Replies()
     worker = SessionWorker(sessions, queue, stats, {"max_new_tokens": max_new_tokens}, replies.piece, replies.reply,
-                           lambda kind, message: None)
+                           report or (lambda kind, message: None))
     worker.start()
     return worker, queue, stats, replies
 

@@ -165,10 +165,17 @@ def text_suite(suite: Suite, model_path: str, args) -> None:
 def node_suite(suite: Suite, model_path: str, args) -> None:
     duration = 20.0 if suite.quick else 600.0
     row = run_node_e2e(duration, Path(args.cache_dir) / f"node_bag_{duration:.0f}s_30hz")
-    suite.table(f"Node end to end: {duration:.0f} s bag at 30 Hz into the node over DDS", [row], list(row))
+    suite.table(f"Node end to end: {duration:.0f} s bag at 30 Hz into the node over DDS", [row],
+                [key for key in row if key != "slow_items"])
     cameras = run_two_cameras(duration)
     suite.table(f"Two cameras for {duration:.0f} s: rgb8 at {RAW_HZ:g} Hz and JPEG at {JPEG_HZ:g} Hz into one node",
-                [cameras], [key for key in cameras if key != "rss_mb"])
+                [cameras], [key for key in cameras if key not in ("rss_mb", "slow_items")])
+    slow = [{"run": run, **item} for run, items in (("one camera", row["slow_items"]),
+                                                    ("two cameras", cameras["slow_items"])) for item in items]
+    if slow:
+        suite.table("Slow frames and answers (the node's ~/stats slow_work, last 20 per run): where the time went",
+                    slow, ["run", "at", "kind", "ms", "median_ms", "waited_ms", "worked_ms", "worker_cpu_ms", "gc_ms",
+                           "off_cpu_ms", "detail"])
     suite.save({"row": row, "two_cameras": cameras})
     bars = [{"measure": label, **{f"p{q}_ms": row[f"{name}_p{q}_ms"] for q in (50, 95, 99)}}
             for name, label in (("observed", "observed"), ("node", "node"), ("engine", "engine"),

@@ -56,6 +56,17 @@ def gc_columns(pauses: dict) -> dict:
             "gc_max_ms": longest, "gc_frozen_objects": pauses.get("frozen_objects", 0)}
 
 
+def slow_work_columns(slow: dict) -> dict:
+    """The node's slow frames and answers (ros/slow_work.py): how many of each, and where the time of
+    the slowest of the last ones listed went; the list itself under slow_items."""
+    last = slow.get("last", [])
+    worst = max(last, key=lambda record: record["ms"], default={})
+    return {"slow_ingest": slow.get("slow", {}).get("ingest", 0), "slow_answer": slow.get("slow", {}).get("answer", 0),
+            "slowest_kind": worst.get("kind", ""), "slowest_ms": worst.get("ms", 0.0),
+            **{f"slowest_{part}_ms": worst.get(f"{part}_ms", 0.0) for part in ("waited", "worker_cpu", "gc", "off_cpu")},
+            "slow_items": last}
+
+
 def real_time_pace() -> Callable[[float], None]:
     """A wait_until for evaluate_episode: stream time t happens t seconds after the first call."""
     start = None
@@ -122,6 +133,7 @@ def run_node_e2e(duration_s: float, bag_dir: Path, params: Path | None = None, g
         for key in ("p50_ms", "p99_ms", "max_ms"):
             row[f"{name}_{key}"] = windows.get(name, {}).get(key, float("nan"))
     row.update(gc_columns((run.last_stats or {}).get("gc_pauses", {})))
+    row.update(slow_work_columns((run.last_stats or {}).get("slow_work", {})))
     # the node's CPU over its life (model loading included) per second of it: one spinning thread is 1.0
     stats = run.last_stats or {}
     row["node_cpu_share"] = stats.get("cpu_s", float("nan")) / max(stats.get("uptime_s", 0.0), 1e-9)

@@ -27,7 +27,7 @@ from infmllm_ros.ros.demo import AnswerListener, demo_environ, stop
 from infmllm_ros.ros.run import NODE_NAME, default_params_file
 from infmllm_ros.ros.stats import percentile
 
-from .node_e2e import gc_columns
+from .node_e2e import gc_columns, slow_work_columns
 
 RAW_TOPIC, RAW_HZ = "/cam_raw/image_raw", 30.0
 JPEG_TOPIC, JPEG_HZ = "/cam_jpeg/image_raw/compressed", 15.0
@@ -195,6 +195,7 @@ def summarise(duration_s: float, sent: dict, stats: dict, rss: list[tuple[float,
         value = percentile(seconds, q)
         row[f"answer_p{q}_ms"] = 1000 * value if value is not None else float("nan")
     row.update(gc_columns(stats.get("gc_pauses", {})))
+    row.update(slow_work_columns(stats.get("slow_work", {})))
     row["rss_mb"] = [[round(t, 1), round(mb, 1)] for t, mb in rss]
     settled = [mb for t, mb in rss if t >= 60.0]   # after the first minute: model loaded, caches full
     row["rss_first_mb"], row["rss_last_mb"] = (settled[0], settled[-1]) if settled else (float("nan"),) * 2

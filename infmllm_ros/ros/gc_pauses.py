@@ -54,6 +54,7 @@ class GcPauses:
         self._started: float | None = None
         self._deliberate = False
         self.frozen_objects = 0
+        self.total_s = 0.0   # every recorded pause added up: what slow_work.WorkClock subtracts
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -80,7 +81,9 @@ class GcPauses:
             self._started = time.perf_counter()
         elif self._started is not None:
             generation = min(int(info.get("generation", OLDEST)), OLDEST)
-            self._samples[generation].append(time.perf_counter() - self._started)
+            paused = time.perf_counter() - self._started
+            self._samples[generation].append(paused)
+            self.total_s += paused
             self._counts[generation] += 1
             self._started = None
 

@@ -228,7 +228,7 @@ class InfMLLMNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._queue = RequestQueue(self.settings["query_queue_size"])
         worker = SessionWorker(self._sessions, self._queue, self.stats, self.settings, self._publish_piece,
-                               self._publish_reply, self._report)
+                               self._publish_reply, self._report, gc_pauses=self._gc_pauses)
         try:
             self._subscribe_cameras()
         except Exception as error:  # a topic name ROS refuses, typically

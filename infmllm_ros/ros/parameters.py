@@ -148,6 +148,10 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(1, 1 << 31), read_only=False),
     ParameterSpec("autostart", "boolean", True, "walk the lifecycle to active at start (configure, then "
                   "activate); false leaves the node unconfigured for a lifecycle manager", lambda value: None),
+    ParameterSpec("slow_work_factor", "double", 5.0, "a frame or answer taking more than this many times the "
+                  "median of its kind is logged with where its time went (queued, computing, garbage collection, "
+                  "waiting to run) and listed in ~/stats slow_work; 0 = never", in_range(0.0, 1000.0),
+                  read_only=False),
     ParameterSpec("stats_period_s", "double", 1.0, "seconds between ~/stats messages",
                   in_range(0.0, 3600.0, low_open=True), read_only=False),
 )

@@ -13,6 +13,8 @@ import time
 from collections import Counter, defaultdict, deque
 from typing import Any, Iterable
 
+from .slow_work import SlowWork
+
 LATENCY_WINDOW = 1000  # samples per latency kept for percentiles
 
 
@@ -68,6 +70,7 @@ class NodeStats:
         self._resets = 0
         self._recalled_frames = 0
         self._frame_tokens = Counter()   # appended / pruned: tokens of the frames fed (temporal pruning)
+        self.slow_work = SlowWork()   # has its own lock: the worker records into it between frames
 
     def add_camera(self, camera: str) -> None:
         with self._lock:
@@ -140,6 +143,7 @@ class NodeStats:
                 "pruning": {f"{name}_per_frame": round(self._frame_tokens[name] / frames_fed, 3)
                             for name in ("appended", "pruned")},
                 "latency": {name: window.summary() for name, window in self._latency.items()},
+                "slow_work": self.slow_work.summary(),
                 **extra,
             }
 

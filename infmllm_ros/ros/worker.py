@@ -15,7 +15,9 @@ from infmllm_ros.engine.session import Answer
 
 from .camera_sessions import CameraSessions, UnknownCamera
 from .mailbox import FRAME, QUERY, RESET, Frame, RequestQueue, ResetRequest
+from .parameters import BY_NAME
 from .queries import Query, echo
+from .slow_work import WorkClock, describe
 from .stats import NodeStats
 
 STOP_JOIN_S = 10.0
@@ -61,8 +63,10 @@ class SessionWorker:
 
     def __init__(self, sessions: CameraSessions, queue: RequestQueue, stats: NodeStats,
                  settings: dict[str, Any], publish_piece: Callable[[str], None],
-                 publish_reply: Callable[[dict[str, Any]], None], report: Callable[[str, str], None]) -> None:
+                 publish_reply: Callable[[dict[str, Any]], None], report: Callable[[str, str], None],
+                 gc_pauses=None) -> None:
         self.sessions, self.queue, self.stats, self.settings = sessions, queue, stats, settings
+        self.gc_pauses = gc_pauses   # GcPauses, when the node times the collector: slow items' GC share
         self.publish_piece, self.publish_reply, self.report = publish_piece, publish_reply, report
         self._cancel = threading.Event()
         self._stopping = threading.Event()
@@ -130,6 +134,7 @@ class SessionWorker:
                     payload.done.set()
 
     def _feed(self, camera: str, frame: Frame) -> None:
+        clock = WorkClock(self.gc_pauses)
         try:
             timing = self.sessions.session(camera)[1].add_frame(frame.rgb, stamp=frame.stamp)
         except ValueError as error:  # the model cannot take this frame (e.g. too many tokens)
@@ -142,9 +147,13 @@ class SessionWorker:
         self.stats.add_latency("ingest", timing.seconds)
         self.stats.add_latency("frame_age", time.monotonic() - frame.received)
         self._publish_engine_state()
+        split = clock.split()
+        self._note_if_slow("ingest", split[0], split, detail=f"of a {camera} frame")
 
     def _answer(self, query: Query) -> None:
-        self.stats.add_latency("query_wait", time.monotonic() - query.received)
+        clock = WorkClock(self.gc_pauses)
+        waited = time.monotonic() - query.received
+        self.stats.add_latency("query_wait", waited)
         try:
             camera, session = self.sessions.session(query.camera)
         except UnknownCamera:
@@ -171,13 +180,22 @@ class SessionWorker:
         finally:
             self.stats.set_engine(answering=False)
             self._publish_engine_state()
-        latency = time.monotonic() - query.received
+        latency, split = time.monotonic() - query.received, clock.split()
         self.stats.count_query("answered")
         self.stats.count_recall(len(answer.recalled_stamps))
         self.stats.add_latency("answer", latency)
         self.stats.add_latency("ttft", answer.ttft_s)
         self.publish_reply(info_message(query.id, query.question, "ok", answer=answer, latency_s=latency,
                                         camera=camera))
+        self._note_if_slow("answer", latency, split, waited_s=waited,
+                           detail=f"to query {echo(str(query.id))} ({answer.tokens} tokens)")
+
+    def _note_if_slow(self, kind: str, seconds: float, split: tuple[float, float, float], waited_s: float = 0.0,
+                      detail: str = "") -> None:
+        factor = self.settings.get("slow_work_factor", BY_NAME["slow_work_factor"].default)
+        record = self.stats.slow_work.observe(kind, seconds, split, factor, waited_s=waited_s, detail=detail)
+        if record is not None:
+            self.report("slow_work", describe(record))
 
     def _reset(self, request: ResetRequest) -> None:
         request.frames_forgotten = self.sessions.reset()
