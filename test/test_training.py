@@ -81,6 +81,31 @@ def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path)
     assert torch.equal(a.model.language_model.rotary_emb.inv_freq, b.model.language_model.rotary_emb.inv_freq)
 
 
+def test_continue_vision_trains_the_inherited_tower_on_and_keeps_it(tmp_path):
+    """--init-from --continue-vision: stage 0 runs again from the inherited tower; the saved model has
+    that new tower (the one whose features the language model read), the rest warm-started."""
+    first, continued = tmp_path / "first", tmp_path / "continued"
+    done = train("--out", str(first), "--work-dir", str(tmp_path / "w1"), "--steps", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = train("--init-from", str(first), "--continue-vision", "--out", str(continued), "--work-dir",
+                  str(tmp_path / "w2"), "--steps", "1", "--lr", "0")
+    assert again.returncode == 0, again.stderr[-2000:]
+    import torch
+    from transformers import LlavaForConditionalGeneration
+    a, b = (LlavaForConditionalGeneration.from_pretrained(d) for d in (first, continued))
+    tower_a, tower_b = a.model.vision_tower.state_dict(), b.model.vision_tower.state_dict()
+    assert any(not torch.equal(tower_a[name], tower_b[name]) for name in tower_a), "the tower trained on"
+    streams = torch.load(tmp_path / "w2" / "streams.pt", weights_only=False)
+    for name, weight in tower_b.items():   # the features the language model was trained on are this tower's
+        assert torch.equal(weight, streams["vision_tower"][name]), name
+    rest = [name for name in a.state_dict() if "vision_tower" not in name]
+    assert all(torch.equal(a.state_dict()[name], b.state_dict()[name]) for name in rest), "lr 0: the rest as loaded"
+    record = json.loads((continued / "training.json").read_text())["vision_pretraining"]
+    assert record["continued_from"]["from"] == str(first) and {"patch_shape", "object_shape"} <= set(record["inherited"])
+    refused = train("--continue-vision", "--out", str(tmp_path / "x"), "--steps", "1")
+    assert refused.returncode != 0 and "--continue-vision" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_rope_theta_sets_the_language_models_frequencies():
     """--rope-theta: the base the model is built, trained and saved with (default: 10,000)."""
     import torch

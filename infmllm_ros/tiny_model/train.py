@@ -95,6 +95,10 @@ def parse_args(argv):
     parser.add_argument("--init-from", type=Path, default=None,
                         help="warm start: every weight (tower, projector, language model) from this model "
                              "directory of the same shape; implies --vision-from it (no stage 0)")
+    parser.add_argument("--continue-vision", action="store_true",
+                        help="with --init-from or --vision-from: run stage 0 again from that tower (new heads "
+                             "fitted on it frozen first, then tower and heads for --vision-steps at --vision-lr) "
+                             "instead of taking it as it is; the language model then reads the new tower")
     parser.add_argument("--attention-factor", type=float, default=1.3,
                         help="scale written into the saved model's RoPE (YaRN attention_factor at factor 1: "
                              "logits x factor^2) for streams longer than the training windows; training runs at 1")
@@ -142,6 +146,8 @@ def parse_args(argv):
         if args.vision_from is not None and args.vision_from.resolve() != args.init_from.resolve():
             parser.error("--init-from takes the tower from the same directory: leave --vision-from out")
         args.vision_from = args.init_from
+    if args.continue_vision and args.vision_from is None:
+        parser.error("--continue-vision continues a trained tower: give --init-from or --vision-from")
     if args.attention_factor <= 0:
         parser.error("--attention-factor must be positive")
     return args
@@ -191,6 +197,7 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
     cached = work_dir / "streams.pt"
     tower_shape = {"width": args.vision_width, "layers": args.vision_layers,
                    "from": str(args.vision_from.resolve()) if args.vision_from else None,
+                   "continued": [args.vision_steps, args.vision_lr] if args.continue_vision else None,
                    "short": [args.short_streams, args.short_stream_seconds, args.validation_short_streams]}
     if cached.exists() and not args.redo_vision:
         saved = torch.load(cached, weights_only=False)
@@ -213,13 +220,17 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
     short = _short_streams(args, tokenizer, work_dir)
     render_s = time.perf_counter() - started
     tower = model.model.vision_tower
-    if args.vision_from:
+    if args.vision_from and not args.continue_vision:
         vision_accuracy = _tower_from(args.vision_from, tower)
     else:
+        inherited = _tower_from(args.vision_from, tower) if args.continue_vision else None
         snapshots = _vision_snapshots(args, tokenizer, work_dir)
         render_s = time.perf_counter() - started
-        vision_accuracy = pretrain_vision_tower(tower, snapshots, validation, steps=args.vision_steps,
-                                                lr=args.vision_lr, seed=args.seed, evaluate_every=args.validate_every)
+        vision_accuracy = pretrain_vision_tower(
+            tower, snapshots, validation, steps=args.vision_steps, lr=args.vision_lr, seed=args.seed,
+            evaluate_every=args.validate_every, head_steps=CONTINUED_HEAD_STEPS if inherited else 0)
+        if inherited:
+            vision_accuracy["continued_from"] = inherited
     tqdm.write("vision pretraining (held out): " + " ".join(f"{k} {v:.3f}" for k, v in vision_accuracy.items()
                                                             if isinstance(v, float)))
     for stream in tqdm(train + validation + short["short_train"] + short["short_validation"],
@@ -270,9 +281,14 @@ def _load_weights(directory: Path, target, part, what: str) -> None:
         raise SystemExit(f"infmllm-train-tiny: cannot take {what} from {directory}: {str(error).splitlines()[0]}")
 
 
-def _warm_start(model, directory: Path) -> None:
-    """Every weight from a trained model directory of the same shape (same tokenizer, same sizes)."""
+def _warm_start(model, directory: Path, keep_tower: bool = False) -> None:
+    """Every weight from a trained model directory of the same shape (same tokenizer, same sizes);
+    `keep_tower`: all but the vision tower, which stage 0 has just trained on (the frame features
+    the language model will read come from it)."""
+    tower = {k: v.clone() for k, v in model.model.vision_tower.state_dict().items()} if keep_tower else None
     _load_weights(directory, model, lambda source: source, "every weight")
+    if tower is not None:
+        model.model.vision_tower.load_state_dict(tower)
 
 
 def _tower_from(directory: Path, tower) -> dict:
@@ -283,6 +299,10 @@ def _tower_from(directory: Path, tower) -> dict:
     return {**{k: v for k, v in earlier.items() if k != "history"}, "from": str(directory),
             "from_command": record.get("command")}
 
+
+#: --continue-vision: steps fitting new heads on the inherited tower, frozen, before the tower trains
+#: too, so the heads' first random gradients do not pull a trained tower off course
+CONTINUED_HEAD_STEPS = 1500
 
 #: scattered validation windows per long validation stream: one gave 12 distant questions over six
 #: streams, too few to read a curve from (README, item 5 of what moved ten-minute memory)
@@ -421,7 +441,7 @@ def main(argv=None) -> int:
               "vision stage are redone on the next run", file=sys.stderr)
         return 130
     if args.init_from is not None and not (args.resume and checkpoint_path.exists()):
-        _warm_start(model, args.init_from)
+        _warm_start(model, args.init_from, keep_tower=args.continue_vision)
     windows = validation_windows(streams)
     use_probe_attention(model)
     model.model.vision_tower.requires_grad_(False)

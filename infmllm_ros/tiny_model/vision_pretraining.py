@@ -101,17 +101,17 @@ def object_shape_accuracy(shape_logits: torch.Tensor, owners: torch.Tensor, obje
 
 def pretrain_vision_tower(tower: CLIPVisionModel, streams: list[RenderedStream], held_out: list[RenderedStream],
                           steps: int = 1500, batch: int = 64, lr: float = 2e-3, seed: int = 0,
-                          mirror: bool = True, evaluate_every: int = 0) -> dict:
+                          mirror: bool = True, evaluate_every: int = 0, head_steps: int = 0,
+                          head_lr: float = 3e-3) -> dict:
     """Train `tower` in place on the patch/count targets; returns held-out accuracies (and, with
-    `evaluate_every`, their history)."""
+    `evaluate_every`, their history). `head_steps`: first fit the new heads alone on the tower as it
+    is (a tower trained before: its accuracy with them is reported as `inherited`)."""
     pixels, colours, shapes, _, _, counts = labelled_frames(streams)
     held = labelled_frames(held_out)
     width = tower.config.hidden_size
     heads = torch.nn.ModuleDict({"colour": torch.nn.Linear(width, len(COLOURS) + 1),
                                  "shape": torch.nn.Linear(width, len(SHAPES) + 1),
                                  "count": torch.nn.Linear(width * GRID * GRID, len(COUNT_WORDS))})
-    optimizer = torch.optim.AdamW(list(tower.parameters()) + list(heads.parameters()), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     sampler = random.Random(seed)
 
     def logits(batch_pixels):
@@ -131,29 +131,44 @@ def pretrain_vision_tower(tower: CLIPVisionModel, streams: list[RenderedStream],
                 "object_shape": object_shape_accuracy(shape_logits, owners, object_shapes),
                 "count": (count_logits.argmax(-1) == held_counts).float().mean().item()}
 
+    def train(phase_steps: int, phase_lr: float, parameters: list, desc: str, history: list | None) -> None:
+        optimizer = torch.optim.AdamW(parameters, lr=phase_lr, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=phase_lr, total_steps=phase_steps,
+                                                       pct_start=0.1)
+        tower.train()
+        for step in tqdm(range(phase_steps), desc=desc, unit="step"):
+            pick = torch.tensor([sampler.randrange(len(pixels)) for _ in range(batch)])
+            batch_pixels, batch_colours, batch_shapes = pixels[pick], colours[pick], shapes[pick]
+            if mirror:
+                flip = torch.rand(batch) < 0.5
+                mirrored = _mirrored(batch_pixels[flip], batch_colours[flip], batch_shapes[flip])
+                batch_pixels[flip], batch_colours[flip], batch_shapes[flip] = mirrored
+            colour_logits, shape_logits, count_logits = logits(batch_pixels)
+            loss = (F.cross_entropy(colour_logits.flatten(0, 1), batch_colours.flatten())
+                    + F.cross_entropy(shape_logits.flatten(0, 1), batch_shapes.flatten())
+                    + F.cross_entropy(count_logits, counts[pick]))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            schedule.step()
+            if history is not None and evaluate_every and (step + 1) % evaluate_every == 0 and step + 1 < phase_steps:
+                history.append({"step": step + 1, **evaluate()})
+                tower.train()
+                tqdm.write(f"vision step {step + 1}: " + " ".join(f"{k} {v:.3f}" for k, v in history[-1].items()
+                                                                 if k != "step"))
+
+    inherited = None
+    if head_steps:
+        tower.requires_grad_(False)
+        train(head_steps, head_lr, list(heads.parameters()), "vision heads on the inherited tower", None)
+        tower.requires_grad_(True)
+        inherited = evaluate()
+        tqdm.write("inherited tower (held out): " + " ".join(f"{k} {v:.3f}" for k, v in inherited.items()))
     history = []
-    tower.train()
-    for step in tqdm(range(steps), desc="vision pretraining", unit="step"):
-        pick = torch.tensor([sampler.randrange(len(pixels)) for _ in range(batch)])
-        batch_pixels, batch_colours, batch_shapes = pixels[pick], colours[pick], shapes[pick]
-        if mirror:
-            flip = torch.rand(batch) < 0.5
-            mirrored = _mirrored(batch_pixels[flip], batch_colours[flip], batch_shapes[flip])
-            batch_pixels[flip], batch_colours[flip], batch_shapes[flip] = mirrored
-        colour_logits, shape_logits, count_logits = logits(batch_pixels)
-        loss = (F.cross_entropy(colour_logits.flatten(0, 1), batch_colours.flatten())
-                + F.cross_entropy(shape_logits.flatten(0, 1), batch_shapes.flatten())
-                + F.cross_entropy(count_logits, counts[pick]))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        if evaluate_every and (step + 1) % evaluate_every == 0 and step + 1 < steps:
-            history.append({"step": step + 1, **evaluate()})
-            tower.train()
-            tqdm.write(f"vision step {step + 1}: " + " ".join(f"{k} {v:.3f}" for k, v in history[-1].items()
-                                                             if k != "step"))
+    train(steps, lr, list(tower.parameters()) + list(heads.parameters()), "vision pretraining", history)
     result = evaluate()
     if evaluate_every:
         result["history"] = history + [{"step": steps, **result}]
+    if inherited is not None:
+        result["inherited"] = inherited
     return result
