@@ -36,44 +36,75 @@ class ChunkLayout:
 
 
 class ReservedTokens:
-    """A (1, heads, tokens, dim) tensor with room reserved ahead along the token axis: appending
-    writes in place; `capacity` (a bounded policy's budget + chunk, + the recall allowance) is
-    reserved at once, and without one, or past it, the room doubles, so appends stay amortised
-    O(new tokens). Writes run in inference mode
-    (the cache serves inference only): the storage is made inside a forward and evictions write to
-    it between forwards."""
+    """A tensor growing along its token axis (`axis`: 2 for (1, heads, tokens, dim) keys and values,
+    1 for (heads, tokens, ...) per-key bookkeeping) with room reserved ahead: appending writes in
+    place; `capacity` (a bounded policy's budget + chunk, + the recall allowance) is reserved at
+    once, and without one, or past it, the room doubles, so appends stay amortised O(new tokens).
+    Writes run in inference mode (the cache serves inference only): the storage is made inside a
+    forward and evictions write to it between forwards."""
 
-    def __init__(self, capacity: int | None) -> None:
+    def __init__(self, capacity: int | None, axis: int = 2) -> None:
         self.capacity = capacity
+        self.axis = axis
         self.store: torch.Tensor | None = None
         self.length = 0
+        self._view: torch.Tensor | None = None   # made once per write: a decoding step reads it often
 
     @torch.inference_mode()
     def append(self, new: torch.Tensor) -> torch.Tensor:
-        needed = self.length + new.shape[2]
-        if self.store is None or needed > self.store.shape[2]:
+        needed = self.length + new.shape[self.axis]
+        if self.store is None or needed > self.store.shape[self.axis]:
             room = self.capacity if self.capacity and needed <= self.capacity else 2 * needed
-            grown = new.new_empty(new.shape[0], new.shape[1], room, new.shape[3])
+            shape = list(new.shape)
+            shape[self.axis] = room
+            grown = new.new_empty(shape)
             if self.length:
-                grown[:, :, :self.length] = self.view()
+                grown.narrow(self.axis, 0, self.length).copy_(self.view())
             self.store = grown
-        self.store[:, :, self.length:needed] = new
+        self.store.narrow(self.axis, self.length, needed - self.length).copy_(new)
         self.length = needed
-        return self.view()
+        self._view = self.store.narrow(self.axis, 0, self.length)
+        return self._view
 
     @torch.inference_mode()
     def replace(self, tensor: torch.Tensor) -> torch.Tensor:
         """Hold exactly `tensor` (after an eviction or a re-rotation), in the same storage."""
         if self.store is not None and tensor.untyped_storage().data_ptr() == self.store.untyped_storage().data_ptr():
+            current = self.view()
+            if (tensor.shape, tensor.stride(), tensor.data_ptr()) == (current.shape, current.stride(), current.data_ptr()):
+                return self.view()   # already what it holds (a policy hook returning its input)
             tensor = tensor.clone()   # a view of this storage would be overwritten while it is copied
         self.length = 0
         return self.append(tensor)
 
-    def view(self) -> torch.Tensor:
-        return self.store[:, :, :self.length]
+    def view(self) -> torch.Tensor | None:
+        return self._view
+
+    def clear(self) -> None:
+        self.store, self.length, self._view = None, 0, None
 
     def nbytes(self) -> int:
         return 0 if self.store is None else self.store.numel() * self.store.element_size()
+
+
+class _Bookkeeping:
+    """A per-key tensor of a BoundedLayer, (kv_heads, L, ...), kept in a ReservedTokens store: a
+    decoded token appends in place instead of copying the layer's whole history (four torch.cat
+    per layer and token before: a tenth of a SmolVLM-256M decoding step at 1 k tokens). Reading
+    gives a view of the store, valid until the next write; assigning replaces the contents."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layer, owner=None):
+        return self if layer is None else layer.stores[self.name].view()
+
+    def __set__(self, layer, value: torch.Tensor | None) -> None:
+        store = layer.stores[self.name]
+        if value is None:
+            store.clear()
+        else:
+            store.replace(value)
 
 
 def _per_head(tensor: torch.Tensor, heads: int, device) -> torch.Tensor:
@@ -84,13 +115,16 @@ def _per_head(tensor: torch.Tensor, heads: int, device) -> torch.Tensor:
 class BoundedLayer(DynamicLayer):
     """One layer's KV tensors (batch 1) plus per-key bookkeeping, all evicted together."""
 
+    BOOKKEEPING = ("attention_mass", "positions", "segments", "token_index")
+    attention_mass = _Bookkeeping()   # (kv_heads, L) float32
+    positions = _Bookkeeping()        # (kv_heads, L, 3) long
+    segments = _Bookkeeping()         # (kv_heads, L) long
+    token_index = _Bookkeeping()      # (kv_heads, L) long: n-th token of the stream
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
         self.key_store, self.value_store = ReservedTokens(capacity), ReservedTokens(capacity)
-        self.attention_mass: torch.Tensor | None = None   # (kv_heads, L) float32
-        self.positions: torch.Tensor | None = None        # (kv_heads, L, 3) long
-        self.segments: torch.Tensor | None = None         # (kv_heads, L) long
-        self.token_index: torch.Tensor | None = None      # (kv_heads, L) long: n-th token of the stream
+        self.stores = {name: ReservedTokens(capacity, axis=1) for name in self.BOOKKEEPING}
         self.pending: ChunkLayout | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -98,20 +132,12 @@ class BoundedLayer(DynamicLayer):
             raise ValueError("a streaming cache holds one stream (batch size 1)")
         if self.pending is None or self.pending.segments.numel() != key_states.shape[-2]:
             raise RuntimeError("BoundedCache.admit(inputs) must come before every forward")
-        heads = key_states.shape[1]
+        heads, count, device = key_states.shape[1], key_states.shape[-2], key_states.device
         layout, self.pending = self.pending, None
-        new_positions = layout.positions.to(key_states.device).expand(heads, -1, -1)
-        new_segments = layout.segments.to(key_states.device).expand(heads, -1)
-        new_index = layout.token_index.to(key_states.device).expand(heads, -1)
-        new_mass = torch.zeros(heads, key_states.shape[-2], dtype=torch.float32, device=key_states.device)
-        if self.positions is None:
-            self.positions, self.segments, self.attention_mass = new_positions.clone(), new_segments.clone(), new_mass
-            self.token_index = new_index.clone()
-        else:
-            self.positions = torch.cat([self.positions, new_positions], dim=1)
-            self.segments = torch.cat([self.segments, new_segments], dim=1)
-            self.attention_mass = torch.cat([self.attention_mass, new_mass], dim=1)
-            self.token_index = torch.cat([self.token_index, new_index], dim=1)
+        self.stores["positions"].append(layout.positions.to(device).expand(heads, -1, -1))
+        self.stores["segments"].append(layout.segments.to(device).expand(heads, -1))
+        self.stores["token_index"].append(layout.token_index.to(device).expand(heads, -1))
+        self.stores["attention_mass"].append(torch.zeros(heads, count, dtype=torch.float32, device=device))
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.keys, self.values = self.key_store.append(key_states), self.value_store.append(value_states)
@@ -121,6 +147,7 @@ class BoundedLayer(DynamicLayer):
         super().reset()
         self.key_store, self.value_store = (ReservedTokens(self.key_store.capacity),
                                             ReservedTokens(self.value_store.capacity))
+        self.stores = {name: ReservedTokens(self.key_store.capacity, axis=1) for name in self.BOOKKEEPING}
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a bounded cache evicts through its policy, not by cropping")
@@ -163,9 +190,8 @@ class BoundedLayer(DynamicLayer):
 
     def nbytes(self) -> int:
         """Bytes held, reserved room included."""
-        tensors = (self.attention_mass, self.positions, self.segments, self.token_index)
         return self.key_store.nbytes() + self.value_store.nbytes() + sum(
-            t.numel() * t.element_size() for t in tensors if t is not None)
+            store.nbytes() for store in self.stores.values())
 
 
 class BoundedCache(Cache):
