@@ -2,9 +2,10 @@
 
 A percentile says that one answer in a hundred took a second, not why. The worker times every frame
 it feeds and every question it answers three ways: wall time, its own thread's CPU time
-(`time.thread_time`) and the garbage collector's pauses meanwhile (`GcPauses.total_s`). Wall time
-well above the thread's CPU time is time the worker waited to run: for the GIL (held by a camera
-callback decoding an image, the executor, a timer) or for a core (another process). An answer's
+(`time.thread_time`) and the garbage collector's pauses meanwhile, in any thread (`GcPauses.total_s`;
+every thread stops for them). Wall time well above the thread's CPU time is time the worker was not
+running: waiting for the GIL (held by a camera callback decoding an image, the executor, a timer, a
+collection another thread started) or for a core (another process). An answer's
 time in the queue is split off too: it is the item before it that was slow. An item that takes more
 than `slow_work_factor` times the median of its kind is logged with that split, and the last
 SLOW_KEPT of them stay in ~/stats with their wall-clock time, to be matched against other logs.
@@ -73,7 +74,7 @@ class SlowWork:
             record = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "kind": kind,
                       "ms": ms(seconds), "median_ms": ms(median), "waited_ms": ms(waited_s),
                       "worked_ms": ms(wall_s), "worker_cpu_ms": ms(cpu_s), "gc_ms": ms(gc_s),
-                      "off_cpu_ms": ms(max(wall_s - cpu_s - gc_s, 0.0)), "detail": detail}
+                      "off_cpu_ms": ms(max(wall_s - cpu_s, 0.0)), "detail": detail}
             self._slow[kind] += 1
             self._kept.append(record)
             return record
@@ -88,7 +89,8 @@ class SlowWork:
 
 def describe(record: dict[str, Any]) -> str:
     """One log line: how slow, and where the time went."""
-    return (f"{record['kind']} {record['detail']} took {record['ms']:.0f} ms ({record['ms'] / max(record['median_ms'], 0.001):.1f}x "
-            f"the median {record['median_ms']:.0f} ms): {record['waited_ms']:.0f} ms queued, {record['worked_ms']:.0f} ms "
-            f"working, of which {record['worker_cpu_ms']:.0f} ms on the worker's CPU, {record['gc_ms']:.0f} ms in "
-            f"garbage collection and {record['off_cpu_ms']:.0f} ms waiting to run (GIL or a core)")
+    ratio = record["ms"] / max(record["median_ms"], 0.001)
+    return (f"{record['kind']} {record['detail']} took {record['ms']:.0f} ms ({ratio:.1f}x the median "
+            f"{record['median_ms']:.0f} ms): {record['waited_ms']:.0f} ms queued, {record['worked_ms']:.0f} ms working, "
+            f"of which {record['worker_cpu_ms']:.0f} ms on the worker's CPU and {record['off_cpu_ms']:.0f} ms waiting "
+            f"to run (GIL or a core); garbage collection meanwhile {record['gc_ms']:.0f} ms")
