@@ -3,8 +3,9 @@
 - `nf4`: bitsandbytes 4-bit NormalFloat with double quantisation, bf16 compute (the robot GPU mode).
 - `int8`: bitsandbytes LLM.int8().
 - `cpu-int8`: PyTorch's dynamic int8 (`quantize_dynamic`): per-row int8 weights, activations
-  quantised on the fly; the fastest CPU path measured (`infmllm-bench --suite realsize`: 168 vs 444
-  ms/token fp32 on the Qwen2-VL-2B shape at 8 k context, 49 vs 78 on SmolVLM-256M's).
+  quantised on the fly; the fastest CPU path measured (`infmllm-bench --suite realsize`, latest run in
+  bench/figures/realsize_dec07b.json: infmllm decode 108 vs 239 ms/token fp32 on the Qwen2-VL-2B shape at
+  8 k context, 41 vs 50 on SmolVLM-256M's).
 - `none`: weights as stored, in the session's dtype.
 
 The vision tower, the projector and the output head stay in higher precision unless the user
@@ -27,7 +28,8 @@ class QuantizationError(ValueError):
 
 # Below this many language-model linear weights, dynamic int8 costs more than it saves on CPU. It sits
 # between two measured points: on the 3 M embedded model int8 was slower than fp32 (the quant suite),
-# on SmolVLM-256M's shape (106 M) 1.6x faster and on Qwen2-VL-2B's (1.3 B) 2.6-3.0x (realsize suite).
+# on SmolVLM-256M's shape (106 M) 1.2-1.4x faster and on Qwen2-VL-2B's (1.3 B) 2.2-2.3x (realsize suite,
+# bench/figures/realsize_dec07b.json; earlier runs, on other machines, level to 1.6x and 1.9-3.3x).
 CPU_INT8_MIN_WEIGHTS = 20_000_000
 
 
