@@ -46,9 +46,7 @@ def attention_with_key_mass_reference(
         allowed = _allowed(mask, start, stop, q_len, k_len, query.device)
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if allowed is not None:
-            probs = probs.nan_to_num(0.0)  # a fully masked row attends nowhere
+        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a fully masked row attends nowhere
         blocks.append((probs.view(batch, kv_heads, rows, k_len) @ values).view(batch, kv_heads, group, stop - start, -1))
         block_mass = probs.sum(dim=(2, 3))
         mass = block_mass if mass is None else mass + block_mass

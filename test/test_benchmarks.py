@@ -131,7 +131,6 @@ def test_node_quick_replays_a_30hz_bag_through_dds(tmp_path, ros_environ):
         assert cameras[f"{name}_received"] <= cameras[f"sent_{name}"]
     assert cameras["answered"] + cameras["not_answered"] == cameras["queries"] > 0
     assert all(count > 0 for count in cameras["answered_per_camera"].values())
-    assert cameras["slow_ingest"] + cameras["slow_answer"] >= len(cameras["slow_items"])
     assert (tmp_path / "out" / "node_quick_two_cameras_rss.png").stat().st_size > 1000
 
 

@@ -42,3 +42,25 @@ def test_reference_matches_sdpa_and_naive_mass(q_len, k_len, q_heads, kv_heads):
     assert torch.allclose(out, expected.transpose(1, 2), atol=1e-5)
     probs = torch.softmax((query @ full_key.transpose(-1, -2) * 0.25).masked_fill(~causal, float("-inf")), -1)
     assert torch.allclose(mass[0], probs[0].sum(1).view(kv_heads, repeat, k_len).sum(1), atol=1e-5)
+
+
+def test_reference_with_explicit_masks_and_no_queries():
+    """An all-true mask (what a decoded token gets) gives the unmasked result; a fully masked row
+    attends nowhere (zero output, no mass); no queries give empty output and zero mass."""
+    generator = torch.Generator().manual_seed(7)
+    query = torch.randn(1, 4, 3, 16, generator=generator)
+    key, value = torch.randn(1, 2, 11, 16, generator=generator), torch.randn(1, 2, 11, 16, generator=generator)
+    everything = torch.ones(1, 1, 1, 11, dtype=torch.bool)
+    out, mass = attention_with_key_mass_reference(query[:, :, -1:], key, value, everything, 0.25)
+    plain_out, plain_mass = attention_with_key_mass_reference(query[:, :, -1:], key, value, None, 0.25)
+    assert torch.equal(out, plain_out) and torch.equal(mass, plain_mass)
+    mask = torch.ones(1, 1, 3, 11, dtype=torch.bool)
+    mask[0, 0, 1] = False                                   # the second query may see nothing
+    mask[0, 0, 2, 5:] = False
+    out, mass = attention_with_key_mass_reference(query, key, value, mask, 0.25, query_block=2)
+    assert torch.all(out[0, 1] == 0) and torch.isfinite(out).all()
+    assert torch.allclose(mass.sum(-1), torch.full((1, 2), 2.0 * 2), atol=1e-5), "two queries x two heads per group"
+    first_out, first_mass = attention_with_key_mass_reference(query[:, :, :1], key, value, everything, 0.25)
+    assert torch.allclose(mass[..., 5:], first_mass[..., 5:], atol=1e-6), "keys 5+: only the first query saw them"
+    empty_out, empty_mass = attention_with_key_mass_reference(query[:, :, :0], key, value, None, 0.25)
+    assert empty_out.shape == (1, 0, 4, 16) and empty_mass.shape == (1, 2, 11) and not empty_mass.any()

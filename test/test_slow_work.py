@@ -67,13 +67,13 @@ def test_a_stalled_frame_is_reported_with_its_time_off_the_workers_cpu(random_mo
         for second in range(MIN_SAMPLES + 1):
             queue.put_frame("cam", Frame(rgb, stamp=float(second), received=time.monotonic()))
             assert wait_until(lambda: stats.snapshot()["cameras"].get("cam", {}).get("fed") == second + 1, 30)
-        assert stats.snapshot()["slow_work"]["slow"] == {}, "ordinary frames are not slow"
+        before = stats.snapshot()["slow_work"]["slow"].get("ingest", 0)   # a loaded machine may already have one
         stall["left"] = 1
         queue.put_frame("cam", Frame(rgb, stamp=float(MIN_SAMPLES + 1), received=time.monotonic()))
-        assert wait_until(lambda: stats.snapshot()["slow_work"]["slow"].get("ingest") == 1, 30)
-        (record,) = stats.snapshot()["slow_work"]["last"]
-        assert record["kind"] == "ingest" and record["ms"] >= 1000.0 and record["off_cpu_ms"] >= 900.0
-        assert [kind for kind, _ in reports] == ["slow_work"] and "of a cam frame" in reports[0][1]
+        assert wait_until(lambda: stats.snapshot()["slow_work"]["slow"].get("ingest", 0) == before + 1, 30)
+        stalled = [r for r in stats.snapshot()["slow_work"]["last"] if r["ms"] >= 1000.0]
+        assert len(stalled) == 1 and stalled[0]["kind"] == "ingest" and stalled[0]["off_cpu_ms"] >= 900.0
+        assert "slow_work" in [kind for kind, _ in reports] and any("of a cam frame" in text for _, text in reports)
     finally:
         hook.remove()
         assert worker.stop()

@@ -334,12 +334,12 @@ class BoundedCache(Cache):
         """Drop the `count` newest tokens as if never admitted (a question fed once to read its queries)."""
         if not 0 < count <= self.length - self.recalled_tokens:
             raise ValueError(f"cannot forget {count} of {self.length - self.recalled_tokens} tokens")
-        first_forgotten = self.layers[0].positions[0, self.length - count, 0]
+        first_forgotten = int(self.layers[0].positions[0, self.length - count, 0])   # read before keep() rewrites it
         for layer in self.layers:
             heads = layer.keys.shape[1]
             layer.keep(torch.arange(layer.length - count, device=layer.keys.device).expand(heads, -1))
         self.tokens_seen -= count
-        self.next_position = int(first_forgotten)
+        self.next_position = first_forgotten
 
     def recall(self, frames: list[StoredFrame]) -> None:
         """Put stored frames back for one answer: each frame's tokens, whole, in every layer and head,

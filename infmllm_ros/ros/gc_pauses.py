@@ -54,7 +54,7 @@ class GcPauses:
         self._started: float | None = None
         self._deliberate = False
         self.frozen_objects = 0
-        self.total_s = 0.0   # every recorded pause added up: what slow_work.WorkClock subtracts
+        self.total_s = 0.0   # every recorded pause added up: slow_work.WorkClock reports its growth
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:

@@ -5,7 +5,8 @@ it feeds and every question it answers three ways: wall time, its own thread's C
 (`time.thread_time`) and the garbage collector's pauses meanwhile, in any thread (`GcPauses.total_s`;
 every thread stops for them). Wall time well above the thread's CPU time is time the worker was not
 running: waiting for the GIL (held by a camera callback decoding an image, the executor, a timer, a
-collection another thread started) or for a core (another process). An answer's
+collection another thread started), for a core (another process), or for torch's other threads and
+devices (intra-op workers, a GPU synchronisation). An answer's
 time in the queue is split off too: it is the item before it that was slow. An item that takes more
 than `slow_work_factor` times the median of its kind is logged with that split, and the last
 SLOW_KEPT of them stay in ~/stats with their wall-clock time, to be matched against other logs.
@@ -93,4 +94,4 @@ def describe(record: dict[str, Any]) -> str:
     return (f"{record['kind']} {record['detail']} took {record['ms']:.0f} ms ({ratio:.1f}x the median "
             f"{record['median_ms']:.0f} ms): {record['waited_ms']:.0f} ms queued, {record['worked_ms']:.0f} ms working, "
             f"of which {record['worker_cpu_ms']:.0f} ms on the worker's CPU and {record['off_cpu_ms']:.0f} ms waiting "
-            f"to run (GIL or a core); garbage collection meanwhile {record['gc_ms']:.0f} ms")
+            f"to run (GIL, a core, torch's other threads); garbage collection meanwhile {record['gc_ms']:.0f} ms")

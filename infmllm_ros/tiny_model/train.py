@@ -197,7 +197,8 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
     cached = work_dir / "streams.pt"
     tower_shape = {"width": args.vision_width, "layers": args.vision_layers,
                    "from": str(args.vision_from.resolve()) if args.vision_from else None,
-                   "continued": [args.vision_steps, args.vision_lr] if args.continue_vision else None,
+                   # only when set: work dirs prepared before the option keep matching their cache
+                   **({"continued": [args.vision_steps, args.vision_lr]} if args.continue_vision else {}),
                    "short": [args.short_streams, args.short_stream_seconds, args.validation_short_streams]}
     if cached.exists() and not args.redo_vision:
         saved = torch.load(cached, weights_only=False)
@@ -228,7 +229,8 @@ def prepare_streams(args, tokenizer, model, work_dir: Path):
         render_s = time.perf_counter() - started
         vision_accuracy = pretrain_vision_tower(
             tower, snapshots, validation, steps=args.vision_steps, lr=args.vision_lr, seed=args.seed,
-            evaluate_every=args.validate_every, head_steps=CONTINUED_HEAD_STEPS if inherited else 0)
+            evaluate_every=args.validate_every,
+            head_steps=min(CONTINUED_HEAD_STEPS, args.vision_steps) if inherited else 0)
         if inherited:
             vision_accuracy["continued_from"] = inherited
     tqdm.write("vision pretraining (held out): " + " ".join(f"{k} {v:.3f}" for k, v in vision_accuracy.items()
@@ -301,7 +303,8 @@ def _tower_from(directory: Path, tower) -> dict:
 
 
 #: --continue-vision: steps fitting new heads on the inherited tower, frozen, before the tower trains
-#: too, so the heads' first random gradients do not pull a trained tower off course
+#: too, so the heads' first random gradients do not pull a trained tower off course (fewer if
+#: --vision-steps is smaller)
 CONTINUED_HEAD_STEPS = 1500
 
 #: scattered validation windows per long validation stream: one gave 12 distant questions over six
