@@ -12,6 +12,7 @@ import pytest
 from infmllm_ros.engine.session import SessionConfig
 from infmllm_ros.ros.camera_sessions import CameraSessions
 from infmllm_ros.ros.mailbox import FeedGate, Frame, RequestQueue, ResetRequest
+from infmllm_ros.ros.parameters import defaults
 from infmllm_ros.ros.queries import Query
 from infmllm_ros.ros.stats import NodeStats
 from infmllm_ros.ros.worker import INACTIVE, NO_FRAMES, SHUTDOWN, UNKNOWN_CAMERA, SessionWorker
@@ -94,8 +95,8 @@ def start_worker(model_dir, max_new_tokens: int = 4, max_queries: int = 50, came
     sessions = CameraSessions(SessionConfig(model_path=str(model_dir), max_new_tokens=max_new_tokens, **settings),
                               list(cameras))
     queue, stats, replies = RequestQueue(max_queries), NodeStats(), Replies()
-    worker = SessionWorker(sessions, queue, stats, {"max_new_tokens": max_new_tokens}, replies.piece, replies.reply,
-                           report or (lambda kind, message: None))
+    worker = SessionWorker(sessions, queue, stats, {**defaults(), "max_new_tokens": max_new_tokens}, replies.piece,
+                           replies.reply, report or (lambda kind, message: None))
     worker.start()
     return worker, queue, stats, replies
 

@@ -72,16 +72,13 @@ class ReservedTokens:
         if self.store is not None and tensor.untyped_storage().data_ptr() == self.store.untyped_storage().data_ptr():
             current = self.view()
             if (tensor.shape, tensor.stride(), tensor.data_ptr()) == (current.shape, current.stride(), current.data_ptr()):
-                return self.view()   # already what it holds (a policy hook returning its input)
+                return current   # already what it holds (a policy hook returning its input)
             tensor = tensor.clone()   # a view of this storage would be overwritten while it is copied
         self.length = 0
         return self.append(tensor)
 
     def view(self) -> torch.Tensor | None:
         return self._view
-
-    def clear(self) -> None:
-        self.store, self.length, self._view = None, 0, None
 
     def nbytes(self) -> int:
         return 0 if self.store is None else self.store.numel() * self.store.element_size()
@@ -99,12 +96,8 @@ class _Bookkeeping:
     def __get__(self, layer, owner=None):
         return self if layer is None else layer.stores[self.name].view()
 
-    def __set__(self, layer, value: torch.Tensor | None) -> None:
-        store = layer.stores[self.name]
-        if value is None:
-            store.clear()
-        else:
-            store.replace(value)
+    def __set__(self, layer, value: torch.Tensor) -> None:
+        layer.stores[self.name].replace(value)
 
 
 def _per_head(tensor: torch.Tensor, heads: int, device) -> torch.Tensor:
@@ -123,9 +116,12 @@ class BoundedLayer(DynamicLayer):
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
+        self._empty_stores(capacity)
+        self.pending: ChunkLayout | None = None
+
+    def _empty_stores(self, capacity: int | None) -> None:
         self.key_store, self.value_store = ReservedTokens(capacity), ReservedTokens(capacity)
         self.stores = {name: ReservedTokens(capacity, axis=1) for name in self.BOOKKEEPING}
-        self.pending: ChunkLayout | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         if key_states.shape[0] != 1:
@@ -145,9 +141,7 @@ class BoundedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
-        self.key_store, self.value_store = (ReservedTokens(self.key_store.capacity),
-                                            ReservedTokens(self.value_store.capacity))
-        self.stores = {name: ReservedTokens(self.key_store.capacity, axis=1) for name in self.BOOKKEEPING}
+        self._empty_stores(self.key_store.capacity)
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a bounded cache evicts through its policy, not by cropping")

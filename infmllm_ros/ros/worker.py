@@ -15,7 +15,6 @@ from infmllm_ros.engine.session import Answer
 
 from .camera_sessions import CameraSessions, UnknownCamera
 from .mailbox import FRAME, QUERY, RESET, Frame, RequestQueue, ResetRequest
-from .parameters import BY_NAME
 from .queries import Query, echo
 from .slow_work import WorkClock, describe
 from .stats import NodeStats
@@ -192,8 +191,8 @@ class SessionWorker:
 
     def _note_if_slow(self, kind: str, seconds: float, split: tuple[float, float, float], waited_s: float = 0.0,
                       detail: str = "") -> None:
-        factor = self.settings.get("slow_work_factor", BY_NAME["slow_work_factor"].default)
-        record = self.stats.slow_work.observe(kind, seconds, split, factor, waited_s=waited_s, detail=detail)
+        record = self.stats.slow_work.observe(kind, seconds, split, self.settings["slow_work_factor"],
+                                              waited_s=waited_s, detail=detail)
         if record is not None:
             self.report("slow_work", describe(record))
 
