@@ -49,14 +49,18 @@ def build_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, vision_width: int = 128, vision_layers: int = 3,
-                language_layers: int = 4, rope_theta: float = 10000.0) -> LlavaForConditionalGeneration:
+                language_layers: int = 4, rope_theta: float = 10000.0, language_heads: int = 4,
+                language_kv_heads: int = 2, language_intermediate: int = 512) -> LlavaForConditionalGeneration:
+    """Heads are 64 wide whatever their number, so a model widened by heads (widening.py) keeps the
+    trained heads' RoPE frequencies."""
     config = LlavaConfig(
         vision_config=dict(model_type="clip_vision_model", hidden_size=vision_width,
                            intermediate_size=2 * vision_width, num_hidden_layers=vision_layers,
                            num_attention_heads=vision_width // 32, image_size=IMAGE_SIZE,
                            patch_size=PATCH_SIZE, projection_dim=vision_width),
-        text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=language_layers, num_attention_heads=4, num_key_value_heads=2,
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=256,
+                         intermediate_size=language_intermediate, num_hidden_layers=language_layers,
+                         num_attention_heads=language_heads, num_key_value_heads=language_kv_heads, head_dim=64,
                          max_position_embeddings=MAX_POSITIONS, rope_theta=rope_theta, tie_word_embeddings=True,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None),

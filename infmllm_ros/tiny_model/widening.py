@@ -1,0 +1,44 @@
+"""Grow a trained language model wider without changing what it computes (Net2Net-style).
+
+A wider model trained from nothing loses what the shipped weights learnt over several runs (README,
+"The embedded model": the one-command recipe did not reproduce them), so capacity is added to the
+trained model instead: more attention heads (and KV heads, same head size and grouping) and a wider
+MLP. Each trained tensor goes into the leading block of the wider one; the new heads' and MLP units'
+input weights keep the wider model's fresh initialisation, and the weights that write their outputs
+back to the residual stream (`o_proj`, `down_proj` columns) start at zero. So the wider model gives
+the trained model's logits exactly, and the new parts grow from the first gradient step (as LoRA's
+zero-initialised B does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: weights whose input columns read the new heads' or units' outputs: zero, so nothing changes at first
+_OUTPUT_WEIGHTS = ("o_proj.weight", "down_proj.weight")
+
+
+def widen_into(trained: dict[str, torch.Tensor], wide: torch.nn.Module) -> list[str]:
+    """Load `trained` (a state dict of a model with the same keys, every tensor no larger) into
+    `wide`, function-preserving; returns the names of the tensors that grew. Raises ValueError
+    with the first tensor that cannot be placed."""
+    target = wide.state_dict()
+    missing, unexpected = set(target) - set(trained), set(trained) - set(target)
+    if missing or unexpected:
+        raise ValueError(f"the models differ in their weights: {sorted(missing | unexpected)[0]}")
+    grown, state = [], {}
+    for name, weight in trained.items():
+        fresh = target[name]
+        if weight.shape == fresh.shape:
+            state[name] = weight
+            continue
+        if weight.dim() != fresh.dim() or any(a > b for a, b in zip(weight.shape, fresh.shape)):
+            raise ValueError(f"{name}: {tuple(weight.shape)} does not fit in {tuple(fresh.shape)}")
+        wider = fresh.clone()
+        if name.endswith(_OUTPUT_WEIGHTS):
+            wider[:, weight.shape[1]:] = 0
+        wider[tuple(slice(0, n) for n in weight.shape)] = weight
+        state[name] = wider
+        grown.append(name)
+    wide.load_state_dict(state)
+    return grown
