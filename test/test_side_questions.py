@@ -97,3 +97,21 @@ def test_balanced_side_questions_are_the_same_questions_in_other_shares():
     sided = build_sequence(stream, window, tokenizer, side_questions=24, rng=random.Random(1), balance_kinds=True)
     plain = build_sequence(stream, window, tokenizer, side_questions=24, rng=random.Random(1))
     assert sided["families"] == plain["families"] and len(sided["side_families"]) >= 10
+
+
+def test_a_side_kinds_drill_asks_only_those_kinds_and_as_many_as_asked():
+    """--side-kinds: every side question of the named kinds, up to the count, none of any other."""
+    from infmllm_ros.tiny_model.data import _pick_side_questions
+    stream = labelled_stream()
+    window = Window([(0, len(stream.frame_times))])
+    shown = stream.frame_times[window.frames]
+    available = sum(q.kind == "colour_of_shape" for index in window.frames for q in side_candidates(stream)[index])
+    assert available > 6
+    drilled = _pick_side_questions(stream, window, shown, 6, random.Random(1), kinds=frozenset({"colour_of_shape"}))
+    asked = [question for questions in drilled.values() for question in questions]
+    assert len(asked) == 6 and {question.kind for question in asked} == {"colour_of_shape"}
+    everything = _pick_side_questions(stream, window, shown, 1000, random.Random(1),
+                                      kinds=frozenset({"colour_of_shape"}))
+    assert sum(map(len, everything.values())) == available
+    mixed = _pick_side_questions(stream, window, shown, 24, random.Random(1))
+    assert len({question.kind for questions in mixed.values() for question in questions}) > 1

@@ -106,6 +106,14 @@ def test_continue_vision_trains_the_inherited_tower_on_and_keeps_it(tmp_path):
     assert refused.returncode != 0 and "--continue-vision" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_side_kinds_are_checked_against_the_question_kinds(capsys):
+    assert parse_args(TINY).side_kinds == frozenset()
+    assert parse_args([*TINY, "--side-kinds", "colour_of_shape,count"]).side_kinds == {"colour_of_shape", "count"}
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, "--side-kinds", "colour"])
+    assert "unknown kind 'colour'" in capsys.readouterr().err
+
+
 def test_rope_theta_sets_the_language_models_frequencies():
     """--rope-theta: the base the model is built, trained and saved with (default: 10,000)."""
     import torch

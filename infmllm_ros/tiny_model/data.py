@@ -147,10 +147,11 @@ class Window:
 
 
 def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targets: bool = False,
-                   side_questions: int = 0, rng: random.Random | None = None, balance_kinds: bool = False) -> dict:
+                   side_questions: int = 0, rng: random.Random | None = None, balance_kinds: bool = False,
+                   side_kinds: frozenset[str] = frozenset()) -> dict:
     """input_ids, labels, position_ids, features, families and (if asked) dense per-frame
     targets of one window of a stream, with up to `side_questions` side questions (memory ones
-    kind by kind in turn with `balance_kinds`)."""
+    kind by kind in turn with `balance_kinds`; only of `side_kinds`, when given)."""
     times = stream.frame_times
     shown = times[window.frames]
     writer = SequenceWriter(tokenizer, window.start_position)
@@ -158,7 +159,8 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
     last_current: dict[str, float] = {}
     pending = iter(stream.questions)
     question = next(pending, None)
-    side = _pick_side_questions(stream, window, shown, side_questions, rng, balance_kinds) if side_questions else {}
+    side = (_pick_side_questions(stream, window, shown, side_questions, rng, balance_kinds, side_kinds)
+            if side_questions else {})
     written = 0   # frames already in the sequence
     for number, (start, end) in enumerate(window.segments):
         if number:
@@ -196,25 +198,41 @@ def side_candidates(stream: RenderedStream) -> list:
 
 
 def _pick_side_questions(stream, window: Window, shown, count: int, rng: random.Random,
-                         balance_kinds: bool = False) -> dict[int, list]:
+                         balance_kinds: bool = False, kinds: frozenset[str] = frozenset()) -> dict[int, list]:
     """About `count` side questions, by SIDE_SHARES, at random frames of the window whose
-    evidence it showed; keyed by the frame they follow."""
+    evidence it showed; keyed by the frame they follow. With `kinds`, all `count` are of those
+    kinds (a drill: see train.py's --side-kinds)."""
     candidates = side_candidates(stream)
+    if kinds:
+        options = [(index, question) for index in window.frames for question in candidates[index]
+                   if question.kind in kinds and _evidence_shown(question, shown)]
+        return _by_frame(rng.sample(options, min(len(options), count)))
     by_family: dict[str, list] = {family: [] for family in SIDE_SHARES}
     for index in window.frames:
         for question in candidates[index]:
-            if question.evidence is not None:
-                t_enter, t_exit = question.evidence
-                if not ((shown >= t_enter) & (shown < t_exit)).any():
-                    continue
-            by_family[question.family].append((index, question))
-    chosen: dict[int, list] = {}
+            if _evidence_shown(question, shown):
+                by_family[question.family].append((index, question))
+    picked = []
     for family, share in SIDE_SHARES.items():
         options = by_family[family]
         wanted = min(len(options), round(share * count))
         balanced = balance_kinds and family != "current"
-        for index, question in (kind_balanced_sample(options, wanted, rng) if balanced else rng.sample(options, wanted)):
-            chosen.setdefault(index, []).append(question)
+        picked += kind_balanced_sample(options, wanted, rng) if balanced else rng.sample(options, wanted)
+    return _by_frame(picked)
+
+
+def _evidence_shown(question, shown) -> bool:
+    """A memory question is fair only if the window showed a frame of its evidence."""
+    if question.evidence is None:
+        return True
+    t_enter, t_exit = question.evidence
+    return bool(((shown >= t_enter) & (shown < t_exit)).any())
+
+
+def _by_frame(picked: list) -> dict[int, list]:
+    chosen: dict[int, list] = {}
+    for index, question in picked:
+        chosen.setdefault(index, []).append(question)
     return chosen
 
 

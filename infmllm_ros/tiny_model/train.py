@@ -37,6 +37,7 @@ from transformers import LlavaForConditionalGeneration
 
 from infmllm_ros.models import embedded_model_path
 from infmllm_ros.synthetic import FAMILIES, corpus_text
+from infmllm_ros.synthetic.questions import FAMILY_OF_KIND
 
 from .architecture import build_model, build_processor, save_model_dir, set_attention_factor, train_tokenizer
 from .curve import plot_training_curve
@@ -46,6 +47,7 @@ from .features import compute_features, language_model_loss
 from .retrieval import best_head_mass, probing, retrieval_layers, use_probe_attention
 from .streams import RenderedStream, render_many_snapshots, render_streams
 from .vision_pretraining import pretrain_vision_tower
+from .widening import widen_into
 
 TRAIN_SEED_BASE = 100_000
 VISION_SEED_BASE = 110_000   # the vision stage's many short episodes
@@ -90,6 +92,10 @@ def parse_args(argv):
     parser.add_argument("--balance-kinds", action="store_true",
                         help="pick memory side questions kind by kind in turn (data.kind_balanced_sample), so "
                              "the rarer colour-of-shape questions are asked as often as shape-of-colour ones")
+    parser.add_argument("--side-kinds", default="",
+                        help="comma-separated question kinds (e.g. colour_of_shape): every side question of "
+                             "those kinds only, a drill for one skill (README, item 13 of the embedded model); "
+                             "empty = all families by their shares")
     parser.add_argument("--vision-from", type=Path, default=None,
                         help="take the stage-0 vision tower from this model directory instead of training it")
     parser.add_argument("--init-from", type=Path, default=None,
@@ -115,6 +121,11 @@ def parse_args(argv):
                         help="CLIP tower depth (6 layers learnt shape faster per step than 3: 55 vs 38 %% at 2,000)")
     parser.add_argument("--language-layers", type=int, default=6,
                         help="Llama depth (6 beat 4 on every family at the same wall time: README)")
+    parser.add_argument("--language-heads", type=int, default=4,
+                        help="attention heads per layer (64 wide each); with --init-from a narrower model "
+                             "grows into the wider one, what it computes unchanged (widening.py)")
+    parser.add_argument("--language-kv-heads", type=int, default=2, help="KV heads per layer (grouped-query)")
+    parser.add_argument("--language-intermediate", type=int, default=512, help="Llama MLP width")
     parser.add_argument("--steps", type=int, default=5200, help="language-model steps (one window each)")
     parser.add_argument("--long-steps", type=int, default=1100,
                         help="then this many steps on windows shaped like a 10-minute stream (mostly scattered "
@@ -150,6 +161,10 @@ def parse_args(argv):
         parser.error("--continue-vision continues a trained tower: give --init-from or --vision-from")
     if args.attention_factor <= 0:
         parser.error("--attention-factor must be positive")
+    args.side_kinds = frozenset(kind for kind in args.side_kinds.split(",") if kind)
+    if args.side_kinds - set(FAMILY_OF_KIND):
+        parser.error(f"--side-kinds: unknown kind {sorted(args.side_kinds - set(FAMILY_OF_KIND))[0]!r} "
+                     f"(known: {', '.join(sorted(FAMILY_OF_KIND))})")
     return args
 
 
@@ -283,14 +298,32 @@ def _load_weights(directory: Path, target, part, what: str) -> None:
         raise SystemExit(f"infmllm-train-tiny: cannot take {what} from {directory}: {str(error).splitlines()[0]}")
 
 
-def _warm_start(model, directory: Path, keep_tower: bool = False) -> None:
-    """Every weight from a trained model directory of the same shape (same tokenizer, same sizes);
-    `keep_tower`: all but the vision tower, which stage 0 has just trained on (the frame features
-    the language model will read come from it)."""
+def _warm_start(model, directory: Path, keep_tower: bool = False) -> list[str]:
+    """Every weight from a trained model directory (same tokenizer; the same sizes, or a narrower
+    language model grown into this one without changing what it computes: widening.py); returns the
+    weights that grew. `keep_tower`: all but the vision tower, which stage 0 has just trained on (the
+    frame features the language model will read come from it)."""
     tower = {k: v.clone() for k, v in model.model.vision_tower.state_dict().items()} if keep_tower else None
-    _load_weights(directory, model, lambda source: source, "every weight")
+    try:
+        trained = LlavaForConditionalGeneration.from_pretrained(directory)
+        _check_same_head_layout(trained.config.text_config, model.config.text_config)
+        grown = widen_into(trained.state_dict(), model)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"infmllm-train-tiny: cannot take every weight from {directory}: "
+                         f"{str(error).splitlines()[0]}")
     if tower is not None:
         model.model.vision_tower.load_state_dict(tower)
+    return grown
+
+
+def _check_same_head_layout(trained, wide) -> None:
+    """Widening keeps each trained query head on its KV head only if the heads' size and the query
+    heads per KV head are unchanged (transformers groups query head h with KV head h // group)."""
+    def layout(config):
+        return config.head_dim, config.num_attention_heads // config.num_key_value_heads
+    if layout(trained) != layout(wide):
+        raise ValueError(f"heads of size {trained.head_dim}, {layout(trained)[1]} per KV head, cannot grow into "
+                         f"{wide.head_dim}, {layout(wide)[1]} per KV head")
 
 
 def _tower_from(directory: Path, tower) -> dict:
@@ -432,7 +465,8 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     tokenizer = train_tokenizer(corpus_text(range(200)))
     model = build_model(tokenizer, args.vision_width, args.vision_layers, args.language_layers,
-                        args.rope_theta).train()
+                        args.rope_theta, args.language_heads, args.language_kv_heads,
+                        args.language_intermediate).train()
     checkpoint_path = args.work_dir / "checkpoint.pt"
     if not args.resume and checkpoint_path.exists():
         raise SystemExit(f"infmllm-train-tiny: {checkpoint_path} exists: pass --resume to continue it, "
@@ -444,7 +478,9 @@ def main(argv=None) -> int:
               "vision stage are redone on the next run", file=sys.stderr)
         return 130
     if args.init_from is not None and not (args.resume and checkpoint_path.exists()):
-        _warm_start(model, args.init_from, keep_tower=args.continue_vision)
+        grown = _warm_start(model, args.init_from, keep_tower=args.continue_vision)
+        if grown:
+            tqdm.write(f"widened {len(grown)} weights of {args.init_from} (new heads and MLP units start silent)")
     windows = validation_windows(streams)
     use_probe_attention(model)
     model.model.vision_tower.requires_grad_(False)
@@ -481,7 +517,8 @@ def main(argv=None) -> int:
         for step in progress:
             stream, window = next_window(args, step, streams, sampler)
             batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0,
-                                   side_questions=args.side_questions, rng=sampler, balance_kinds=args.balance_kinds)
+                                   side_questions=args.side_questions, rng=sampler, balance_kinds=args.balance_kinds,
+                                   side_kinds=args.side_kinds)
             if batch["families"] or batch["side_families"]:
                 loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight,
                                            retrieval_weight=args.retrieval_weight)
@@ -518,7 +555,9 @@ def main(argv=None) -> int:
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
               "frame_target_weight": args.frame_target_weight, "retrieval_weight": args.retrieval_weight,
               "side_questions": args.side_questions, "balance_kinds": args.balance_kinds,
-              "language_layers": args.language_layers,
+              "side_kinds": sorted(args.side_kinds),
+              "language_layers": args.language_layers, "language_heads": args.language_heads,
+              "language_kv_heads": args.language_kv_heads, "language_intermediate": args.language_intermediate,
               "init_from": str(args.init_from) if args.init_from else None,
               "attention_factor": args.attention_factor, "rope_theta": args.rope_theta,
               "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
