@@ -342,7 +342,8 @@ def main(argv=None) -> int:
     ttft_p50_ms = result.ttft_p50_ms()
     store_mb = session.cache.store.megabytes if session.cache.store is not None else None
     if args.json:
-        json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes, "device": args.device,
+        json.dump({"policy": args.policy, "budget": args.budget, "episodes": args.episodes,
+                   "first_seed": args.first_seed, "device": args.device,
                    "dtype": args.dtype, "quantization": args.quantization,
                    "duration_s": args.duration, "cut_to_evidence": args.cut_to_evidence,
                    "cut_positions": args.cut_positions, "cut_keep": args.cut_keep, "forget_answers": args.forget_answers, "accuracy": accuracy,
@@ -351,7 +352,7 @@ def main(argv=None) -> int:
                    "recall_hits": result.recall_hits, "recall_store_mb_at_end": store_mb, "ttft_p50_ms": ttft_p50_ms,
                    "prune_similarity": args.prune_similarity, "prune_unit": args.prune_unit,
                    "tokens_per_frame": result.tokens_per_frame(),
-                   "mistakes": result.mistakes[:50]}, sys.stdout, indent=2)
+                   "mistakes": result.mistakes}, sys.stdout, indent=2)
         print()
         return 0
     pruning = f" (prune_similarity {args.prune_similarity:g}, by {args.prune_unit})" if args.prune_similarity else ""
