@@ -50,6 +50,9 @@ def test_what_cannot_grow_is_refused(tokenizer):
     narrower = build_model(tokenizer, vision_layers=1, language_layers=2, language_intermediate=256)
     with pytest.raises(ValueError, match="does not fit"):
         widen_into(narrow.state_dict(), narrower)
+    wider_tower = build_model(tokenizer, vision_width=256, vision_layers=1, language_layers=2)
+    with pytest.raises(ValueError, match="only the language model"):
+        widen_into(narrow.state_dict(), wider_tower)
     regrouped = build_model(tokenizer, vision_layers=1, language_layers=2, language_heads=8, language_kv_heads=2)
     with pytest.raises(ValueError, match="per KV head"):
         _check_same_head_layout(narrow.config.text_config, regrouped.config.text_config)

@@ -16,6 +16,10 @@ import torch
 
 #: weights whose input columns read the new heads' or units' outputs: zero, so nothing changes at first
 _OUTPUT_WEIGHTS = ("o_proj.weight", "down_proj.weight")
+#: the only tensors that may grow: a wider vision tower or hidden size would change what layer norms
+#: and the residual stream compute, which no placement of the old weights preserves
+_GROWABLE = tuple(f"{name}.{part}" for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj") for part in ("weight", "bias"))
 
 
 def widen_into(trained: dict[str, torch.Tensor], wide: torch.nn.Module) -> list[str]:
@@ -32,6 +36,8 @@ def widen_into(trained: dict[str, torch.Tensor], wide: torch.nn.Module) -> list[
         if weight.shape == fresh.shape:
             state[name] = weight
             continue
+        if "language_model" not in name or not name.endswith(_GROWABLE):
+            raise ValueError(f"{name}: only the language model's attention and MLP projections can grow")
         if weight.dim() != fresh.dim() or any(a > b for a, b in zip(weight.shape, fresh.shape)):
             raise ValueError(f"{name}: {tuple(weight.shape)} does not fit in {tuple(fresh.shape)}")
         wider = fresh.clone()
