@@ -5,7 +5,6 @@ import torch
 
 from infmllm_ros.synthetic import corpus_text
 from infmllm_ros.tiny_model.architecture import build_model, train_tokenizer
-from infmllm_ros.tiny_model.train import _check_same_head_layout
 from infmllm_ros.tiny_model.widening import widen_into
 
 
@@ -26,7 +25,7 @@ def test_a_wider_model_gives_the_trained_models_logits_and_its_new_parts_learn(t
         parameter.data.normal_(0, 0.1)
     wide = build_model(tokenizer, vision_layers=1, language_layers=2, language_heads=8, language_kv_heads=4,
                        language_intermediate=768).eval()
-    grown = widen_into(narrow.state_dict(), wide)
+    grown = widen_into(narrow, wide)
     assert {name.rsplit(".", 2)[-2] for name in grown} == {"q_proj", "k_proj", "v_proj", "o_proj",
                                                           "gate_proj", "up_proj", "down_proj"}
     tokens = torch.randint(0, len(tokenizer), (1, 40))
@@ -46,13 +45,13 @@ def test_what_cannot_grow_is_refused(tokenizer):
     narrow = build_model(tokenizer, vision_layers=1, language_layers=2)
     deeper = build_model(tokenizer, vision_layers=1, language_layers=3)
     with pytest.raises(ValueError, match="differ"):
-        widen_into(narrow.state_dict(), deeper)
+        widen_into(narrow, deeper)
     narrower = build_model(tokenizer, vision_layers=1, language_layers=2, language_intermediate=256)
     with pytest.raises(ValueError, match="does not fit"):
-        widen_into(narrow.state_dict(), narrower)
+        widen_into(narrow, narrower)
     wider_tower = build_model(tokenizer, vision_width=256, vision_layers=1, language_layers=2)
     with pytest.raises(ValueError, match="only the language model"):
-        widen_into(narrow.state_dict(), wider_tower)
+        widen_into(narrow, wider_tower)
     regrouped = build_model(tokenizer, vision_layers=1, language_layers=2, language_heads=8, language_kv_heads=2)
     with pytest.raises(ValueError, match="per KV head"):
-        _check_same_head_layout(narrow.config.text_config, regrouped.config.text_config)
+        widen_into(narrow, regrouped)

@@ -203,15 +203,14 @@ def _pick_side_questions(stream, window: Window, shown, count: int, rng: random.
     evidence it showed; keyed by the frame they follow. With `kinds`, all `count` are of those
     kinds (a drill: see train.py's --side-kinds)."""
     candidates = side_candidates(stream)
+    fair = [(index, question) for index in window.frames for question in candidates[index]
+            if _evidence_shown(question, shown)]
     if kinds:
-        options = [(index, question) for index in window.frames for question in candidates[index]
-                   if question.kind in kinds and _evidence_shown(question, shown)]
-        return _by_frame(rng.sample(options, min(len(options), count)))
+        drill = [option for option in fair if option[1].kind in kinds]
+        return _by_frame(rng.sample(drill, min(len(drill), count)))
     by_family: dict[str, list] = {family: [] for family in SIDE_SHARES}
-    for index in window.frames:
-        for question in candidates[index]:
-            if _evidence_shown(question, shown):
-                by_family[question.family].append((index, question))
+    for option in fair:
+        by_family[option[1].family].append(option)
     picked = []
     for family, share in SIDE_SHARES.items():
         options = by_family[family]

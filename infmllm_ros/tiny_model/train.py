@@ -290,10 +290,10 @@ def _vision_snapshots(args, tokenizer, work_dir: Path) -> list[RenderedStream]:
     return [snapshot for snapshot in snapshots if snapshot.seed in set(wanted)]
 
 
-def _load_weights(directory: Path, target, part, what: str) -> None:
-    """`part` of the trained model in `directory` into `target` (a module of the same shape), or one line."""
+def _take_from(directory: Path, what: str, load):
+    """What `load` returns, given the trained model in `directory`; or one line saying why not."""
     try:
-        target.load_state_dict(part(LlavaForConditionalGeneration.from_pretrained(directory)).state_dict())
+        return load(LlavaForConditionalGeneration.from_pretrained(directory))
     except (OSError, ValueError, RuntimeError) as error:
         raise SystemExit(f"infmllm-train-tiny: cannot take {what} from {directory}: {str(error).splitlines()[0]}")
 
@@ -304,31 +304,16 @@ def _warm_start(model, directory: Path, keep_tower: bool = False) -> list[str]:
     weights that grew. `keep_tower`: all but the vision tower, which stage 0 has just trained on (the
     frame features the language model will read come from it)."""
     tower = {k: v.clone() for k, v in model.model.vision_tower.state_dict().items()} if keep_tower else None
-    try:
-        trained = LlavaForConditionalGeneration.from_pretrained(directory)
-        _check_same_head_layout(trained.config.text_config, model.config.text_config)
-        grown = widen_into(trained.state_dict(), model)
-    except (OSError, ValueError, RuntimeError) as error:
-        raise SystemExit(f"infmllm-train-tiny: cannot take every weight from {directory}: "
-                         f"{str(error).splitlines()[0]}")
+    grown = _take_from(directory, "every weight", lambda trained: widen_into(trained, model))
     if tower is not None:
         model.model.vision_tower.load_state_dict(tower)
     return grown
 
 
-def _check_same_head_layout(trained, wide) -> None:
-    """Widening keeps each trained query head on its KV head only if the heads' size and the query
-    heads per KV head are unchanged (transformers groups query head h with KV head h // group)."""
-    def layout(config):
-        return config.head_dim, config.num_attention_heads // config.num_key_value_heads
-    if layout(trained) != layout(wide):
-        raise ValueError(f"heads of size {trained.head_dim}, {layout(trained)[1]} per KV head, cannot grow into "
-                         f"{wide.head_dim}, {layout(wide)[1]} per KV head")
-
-
 def _tower_from(directory: Path, tower) -> dict:
     """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
-    _load_weights(directory, tower, lambda source: source.model.vision_tower, "the vision tower")
+    _take_from(directory, "the vision tower",
+               lambda trained: tower.load_state_dict(trained.model.vision_tower.state_dict()))
     record = json.loads((directory / "training.json").read_text()) if (directory / "training.json").exists() else {}
     earlier = record.get("vision_pretraining", {})
     return {**{k: v for k, v in earlier.items() if k != "history"}, "from": str(directory),

@@ -22,11 +22,12 @@ _GROWABLE = tuple(f"{name}.{part}" for name in ("q_proj", "k_proj", "v_proj", "o
                                                  "down_proj") for part in ("weight", "bias"))
 
 
-def widen_into(trained: dict[str, torch.Tensor], wide: torch.nn.Module) -> list[str]:
-    """Load `trained` (a state dict of a model with the same keys, every tensor no larger) into
-    `wide`, function-preserving; returns the names of the tensors that grew. Raises ValueError
-    with the first tensor that cannot be placed."""
-    target = wide.state_dict()
+def widen_into(trained_model: torch.nn.Module, wide: torch.nn.Module) -> list[str]:
+    """Load `trained_model` (the same weights' names, every tensor no larger) into `wide`,
+    function-preserving; returns the names of the tensors that grew. Raises ValueError with the
+    first thing that cannot be placed."""
+    _check_same_head_layout(trained_model.config.get_text_config(), wide.config.get_text_config())
+    trained, target = trained_model.state_dict(), wide.state_dict()
     missing, unexpected = set(target) - set(trained), set(trained) - set(target)
     if missing or unexpected:
         raise ValueError(f"the models differ in their weights: {sorted(missing | unexpected)[0]}")
@@ -48,3 +49,13 @@ def widen_into(trained: dict[str, torch.Tensor], wide: torch.nn.Module) -> list[
         grown.append(name)
     wide.load_state_dict(state)
     return grown
+
+
+def _check_same_head_layout(trained, wide) -> None:
+    """Each trained query head stays on its KV head only if the heads' size and the query heads per
+    KV head are unchanged (transformers groups query head h with KV head h // group)."""
+    def layout(config):
+        return config.head_dim, config.num_attention_heads // config.num_key_value_heads
+    if layout(trained) != layout(wide):
+        raise ValueError(f"heads of size {trained.head_dim}, {layout(trained)[1]} per KV head, cannot grow into "
+                         f"{wide.head_dim}, {layout(wide)[1]} per KV head")
