@@ -31,6 +31,7 @@ from infmllm_ros.synthetic import FEED_RATE_HZ, generate_episode
 from infmllm_ros.synthetic.questions import questions_at
 
 from .architecture import IMAGE_TOKENS, MAX_POSITIONS, PROMPT
+from .evidence import asked_object, object_patches
 from .frame_targets import FIRST_TARGET_TOKEN, frame_words
 from .streams import RenderedStream
 
@@ -60,10 +61,11 @@ class SequenceWriter:
         self.branches: list[int] = []
         self.next_position = start_position
         self._prompts: dict[str, list[int]] = {}
-        #: (time, index of its first image token) of every frame written, for evidence lookups
-        self.frame_slots: list[tuple[float, int]] = []
-        #: per memory question: the token whose output is its answer's first token, and the image
-        #: tokens of the frames that show what it asks about (retrieval.py supervises that attention)
+        #: (time, index of its first image token, its objects or None) of every frame written, for
+        #: evidence lookups
+        self.frame_slots: list[tuple[float, int, list | None]] = []
+        #: per question with evidence: the token whose output is its answer's first token, and the
+        #: image tokens that show what it asks about (retrieval.py supervises that attention)
         self.retrieval_rows: list[int] = []
         self.retrieval_evidence: list[list[int]] = []
         self.retrieval_families: list[str] = []
@@ -78,9 +80,11 @@ class SequenceWriter:
         if branch < 0:   # a side question takes no positions from the stream
             self.next_position += len(ids)
 
-    def frame(self, words: list[str | None] | None = None, t: float | None = None) -> None:
+    def frame(self, words: list[str | None] | None = None, t: float | None = None,
+              objects: list | None = None) -> None:
+        """`objects`: the frame's (colour, shape, x, y, radius) per object, for object evidence."""
         if t is not None:
-            self.frame_slots.append((t, len(self.ids) + 1))
+            self.frame_slots.append((t, len(self.ids) + 1, objects))
         targets = [IGNORE] * len(self.frame_ids)
         for offset, word in enumerate(words or []):
             if word is not None:
@@ -92,25 +96,35 @@ class SequenceWriter:
         self.next_position += positions
 
     def question(self, text: str, answer: str, family: str, side: bool = False,
-                 evidence: tuple[float, float] | None = None) -> None:
+                 evidence: tuple[float, float] | None = None, about: tuple[int, int] | None = None) -> None:
         """The question carries no loss; its answer and the closing "</s>" do. A side question
         is a branch of its own (see batch()). `evidence` (t_enter, t_exit) of a memory question
-        marks the frames written in that span as where its answer lies."""
+        marks the frames written in that span as where its answer lies; with `about` (the asked
+        object's colour and shape, evidence.py) only that object's patches in them, or, for a
+        current-scene question (no span), its patches in the newest frame."""
         if text not in self._prompts:
             self._prompts[text] = self.tokenizer(PROMPT["question"].format(question=text),
                                                  add_special_tokens=False)["input_ids"]
         prompt = self._prompts[text]
         target = self.tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
         branch = len(self.side_families) if side else -1
-        if evidence is not None:
-            tokens = [first + offset for t, first in self.frame_slots if evidence[0] <= t < evidence[1]
-                      for offset in range(IMAGE_TOKENS)]
-            if tokens:
-                self.retrieval_rows.append(len(self.ids) + len(prompt) - 1)
-                self.retrieval_evidence.append(tokens)
-                self.retrieval_families.append(family)
+        tokens = self._evidence_tokens(evidence, about)
+        if tokens:
+            self.retrieval_rows.append(len(self.ids) + len(prompt) - 1)
+            self.retrieval_evidence.append(tokens)
+            self.retrieval_families.append(family)
         self._append(prompt + target, [IGNORE] * len(prompt) + target, branch=branch)
         (self.side_families if side else self.families).append(family)
+
+    def _evidence_tokens(self, span: tuple[float, float] | None, about: tuple[int, int] | None) -> list[int]:
+        """Image tokens where a question's answer lies (see question()); a memory question whose
+        object the frames show only in part falls back to the whole frames."""
+        if span is None:
+            return [first + patch for _, first, objects in self.frame_slots[-1:] if about
+                    for patch in object_patches(objects, about)]
+        slots = [(first, objects) for t, first, objects in self.frame_slots if span[0] <= t < span[1]]
+        patches = [first + patch for first, objects in slots if about for patch in object_patches(objects, about)]
+        return patches or [first + offset for first, _ in slots for offset in range(IMAGE_TOKENS)]
 
     def batch(self, features: torch.Tensor) -> dict:
         batch = {"input_ids": torch.tensor([self.ids]), "labels": torch.tensor([self.labels]),
@@ -148,10 +162,12 @@ class Window:
 
 def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targets: bool = False,
                    side_questions: int = 0, rng: random.Random | None = None, balance_kinds: bool = False,
-                   side_kinds: frozenset[str] = frozenset()) -> dict:
+                   side_kinds: frozenset[str] = frozenset(), object_evidence: bool = False) -> dict:
     """input_ids, labels, position_ids, features, families and (if asked) dense per-frame
     targets of one window of a stream, with up to `side_questions` side questions (memory ones
-    kind by kind in turn with `balance_kinds`; only of `side_kinds`, when given)."""
+    kind by kind in turn with `balance_kinds`; only of `side_kinds`, when given). Retrieval
+    evidence: the frames that show a memory question's object, or with `object_evidence` that
+    object's patches, for current-scene questions too (evidence.py)."""
     times = stream.frame_times
     shown = times[window.frames]
     writer = SequenceWriter(tokenizer, window.start_position)
@@ -168,14 +184,17 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
             writer.skip(int(skipped_s * TOKENS_PER_SECOND * window.gap_scale[number - 1]))
         segment_end = times[end - 1] + 1.0 / FEED_RATE_HZ
         for index in range(start, end):
-            writer.frame(frame_words(stream, index, shown[:written]) if frame_targets else None, t=float(times[index]))
+            writer.frame(frame_words(stream, index, shown[:written]) if frame_targets else None, t=float(times[index]),
+                         objects=stream.objects[index])
             written += 1
             for extra in side.get(index, []):
-                writer.question(extra.text, extra.answer, extra.family, side=True, evidence=extra.evidence)
+                writer.question(extra.text, extra.answer, extra.family, side=True, evidence=extra.evidence,
+                                about=asked_object(extra.text, extra.answer) if object_evidence else None)
             until = times[index + 1] if index + 1 < end else segment_end
             while question is not None and question.t < until:
                 if question.t > times[index] and _answerable(question, shown, asked, last_current):
-                    writer.question(question.text, question.answer, question.family, evidence=question.evidence)
+                    writer.question(question.text, question.answer, question.family, evidence=question.evidence,
+                                    about=asked_object(question.text, question.answer) if object_evidence else None)
                 question = next(pending, None)
         while question is not None and question.t < segment_end:   # questions of the skipped time
             question = next(pending, None)

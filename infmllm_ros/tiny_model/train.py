@@ -147,6 +147,10 @@ def parse_args(argv):
     parser.add_argument("--retrieval-weight", type=float, default=0.0,
                         help="weight of the retrieval loss (retrieval.py): attention at a memory answer on the "
                              "frames that show its object; 0 = answers only")
+    parser.add_argument("--retrieval-evidence", choices=("frames", "objects"), default="frames",
+                        help="where the retrieval loss points attention: the whole frames that show a memory "
+                             "question's object, or only that object's patches in them, and for a current-scene "
+                             "question its patches in the newest frame (evidence.py)")
     parser.add_argument("--validate-every", type=int, default=1000)
     parser.add_argument("--checkpoint-minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -348,7 +352,7 @@ def validation_windows(streams: Streams) -> list[tuple[RenderedStream, Window]]:
     return windows
 
 
-def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
+def teacher_forced_accuracy(model, windows, tokenizer, object_evidence: bool = False) -> dict[str, float]:
     """Share of answers whose every token is the argmax, per question family; of the dense
     frame targets (frame_targets.py) that the argmax hits, scene lookups and what-left apart; and,
     per memory family, the attention mass on the evidence (retrieval.best_head_mass)."""
@@ -360,7 +364,7 @@ def teacher_forced_accuracy(model, windows, tokenizer) -> dict[str, float]:
     model.eval()
     with torch.inference_mode():
         for stream, window in windows:
-            batch = build_sequence(stream, window, tokenizer, frame_targets=True)
+            batch = build_sequence(stream, window, tokenizer, frame_targets=True, object_evidence=object_evidence)
             with probing(batch["retrieval_rows"], retrieval_layers(model)) as probe:
                 all_logits = language_model_loss(model, batch, logits=True)[0]
             if batch["retrieval_rows"]:
@@ -503,7 +507,8 @@ def main(argv=None) -> int:
             stream, window = next_window(args, step, streams, sampler)
             batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0,
                                    side_questions=args.side_questions, rng=sampler, balance_kinds=args.balance_kinds,
-                                   side_kinds=args.side_kinds)
+                                   side_kinds=args.side_kinds,
+                                   object_evidence=args.retrieval_evidence == "objects")
             if batch["families"] or batch["side_families"]:
                 loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight,
                                            retrieval_weight=args.retrieval_weight)
@@ -517,7 +522,8 @@ def main(argv=None) -> int:
             schedule.step()
             state["step"] = step + 1
             if state["step"] % args.validate_every == 0 or state["step"] in (args.steps, total_steps):
-                accuracy = teacher_forced_accuracy(model, windows, tokenizer)
+                accuracy = teacher_forced_accuracy(model, windows, tokenizer,
+                                                   object_evidence=args.retrieval_evidence == "objects")
                 state["history"].append({"step": state["step"], "loss": state["smoothed"],
                                          "lr": optimizer.param_groups[0]["lr"], **accuracy})
                 tqdm.write(f"step {state['step']}: loss {state['smoothed']:.3f} "
@@ -539,6 +545,7 @@ def main(argv=None) -> int:
               "streams": args.streams, "stream_seconds": args.stream_seconds,
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
               "frame_target_weight": args.frame_target_weight, "retrieval_weight": args.retrieval_weight,
+              "retrieval_evidence": args.retrieval_evidence,
               "side_questions": args.side_questions, "balance_kinds": args.balance_kinds,
               "side_kinds": sorted(args.side_kinds),
               "language_layers": args.language_layers, "language_heads": args.language_heads,

@@ -36,6 +36,20 @@ IGNORE = -100
 _OVERLAP = 0.8  # of the bounding circle: a patch "holds" an object closer than this to its box
 
 
+def patches_held(x: float, y: float, radius: float) -> list[tuple[int, float]]:
+    """(patch index, distance from the patch centre) of every patch an object at (x, y) of this
+    radius, in camera pixels, holds: what the tower's patch tokens are taught to say it is."""
+    cell_w, cell_h = WIDTH / GRID, HEIGHT / GRID
+    held = []
+    for row in range(GRID):
+        for col in range(GRID):
+            cx, cy = (col + 0.5) * cell_w, (row + 0.5) * cell_h
+            gap = math.hypot(max(abs(x - cx) - cell_w / 2, 0.0), max(abs(y - cy) - cell_h / 2, 0.0))
+            if gap < _OVERLAP * BOUND * radius:
+                held.append((row * GRID + col, math.hypot(x - cx, y - cy)))
+    return held
+
+
 def patch_targets(objects: list[tuple[int, int, float, float, float]]
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(colour, shape, owner) per patch from the objects' (colour, shape, x, y, radius): colour and
@@ -44,16 +58,10 @@ def patch_targets(objects: list[tuple[int, int, float, float, float]]
     shape = torch.zeros(GRID * GRID, dtype=torch.long)
     owner = torch.full((GRID * GRID,), -1, dtype=torch.long)
     nearest = torch.full((GRID * GRID,), math.inf)
-    cell_w, cell_h = WIDTH / GRID, HEIGHT / GRID
     for number, (c, s, x, y, radius) in enumerate(objects):
-        for row in range(GRID):
-            for col in range(GRID):
-                cx, cy = (col + 0.5) * cell_w, (row + 0.5) * cell_h
-                gap = math.hypot(max(abs(x - cx) - cell_w / 2, 0.0), max(abs(y - cy) - cell_h / 2, 0.0))
-                distance = math.hypot(x - cx, y - cy)
-                cell = row * GRID + col
-                if gap < _OVERLAP * BOUND * radius and distance < nearest[cell]:
-                    nearest[cell], colour[cell], shape[cell], owner[cell] = distance, c + 1, s + 1, number
+        for cell, distance in patches_held(x, y, radius):
+            if distance < nearest[cell]:
+                nearest[cell], colour[cell], shape[cell], owner[cell] = distance, c + 1, s + 1, number
     return colour, shape, owner
 
 
