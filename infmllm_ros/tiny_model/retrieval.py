@@ -8,7 +8,7 @@ directly: at the token that predicts a memory answer, some head in each upper la
 its attention on those frames' image tokens. The loss is -log(mass) of one head per layer (the
 one that looks best over the sequence's questions), so one head per layer may specialise in
 looking back while the others keep their jobs. Measured
-on the shipped weights at the answer token, over a whole 600 s stream: best-head mass on the
+on the weights shipped then (G) at the answer token, over a whole 600 s stream: best-head mass on the
 evidence of recent/long questions 0.55-0.97 in layers 1-3 but 0.03-0.26 for distant ones (0.02
 would be uniform); on a window with a fifth of the minutes between, distant reached 0.48.
 
@@ -96,7 +96,7 @@ def _best_head(mass: torch.Tensor) -> int:
     """The one head of a layer that looks best at the evidence over all of a sequence's rows.
     One head for every row, not each row's best: with several objects in view, heads that each
     settled on a different object (none of them reading the question) let every row find one head
-    on its object (mass 0.94 while the answers stayed at the untrained model's: README, item 14)."""
+    on its object (mass 0.94 while the answers barely moved: README, item 14 of the embedded model)."""
     return int(torch.log(mass.detach() + _EPSILON).mean(1).argmax())
 
 
