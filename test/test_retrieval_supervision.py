@@ -66,22 +66,20 @@ def test_object_evidence_is_the_asked_objects_patches():
     # left patch reaching into the one below, a blue circle across the four bottom-right ones
     scene = [(colour("green"), shape("cross"), 100.0, 100.0, 60.0),
              (colour("blue"), shape("circle"), 500.0, 380.0, 60.0)]
-    writer = SequenceWriter(tokenizer)
+    writer = SequenceWriter(tokenizer, object_evidence=True)
     for t in 0.5 + np.arange(3):
         writer.frame(t=float(t), objects=scene if t > 1 else None)   # the first frame shows them in part
     last = 1 + 2 * (IMAGE_TOKENS + 1)
     for text, answer in (("what colour is the cross?", "green"), ("what shape is the blue object?", "circle")):
-        writer.question(text, answer, "current", about=asked_object(text, answer))
-    writer.question("what colour was the cross seen earlier?", "green", "long", evidence=(0.0, 2.0),
-                    about=asked_object("what colour was the cross seen earlier?", "green"))
-    writer.question("how many objects are in view?", "two", "current", about=asked_object("how many?", "two"))
+        writer.question(text, answer, "current")
+    writer.question("what colour was the cross seen earlier?", "green", "long", evidence=(0.0, 2.0))
+    writer.question("how many objects are in view?", "two", "current")
     second = 1 + IMAGE_TOKENS + 1
     assert writer.retrieval_evidence == [[last, last + 4], [last + 10, last + 11, last + 14, last + 15],
                                         [second, second + 4]]
     assert writer.retrieval_families == ["current", "current", "long"]
     # a span whose frames show the object only in part: the whole frames, as without object evidence
-    writer.question("what colour was the cross seen earlier?", "green", "long", evidence=(0.0, 1.0),
-                    about=(colour("green"), shape("cross")))
+    writer.question("what colour was the cross seen earlier?", "green", "long", evidence=(0.0, 1.0))
     assert writer.retrieval_evidence[-1] == list(range(1, 1 + IMAGE_TOKENS))
     # on a rendered stream: every evidence patch is labelled, for the vision stage, with the asked
     # object's colour or shape, and current-scene questions are supervised too

@@ -46,8 +46,10 @@ _REPEAT_CURRENT_S = 4.0  # a current-scene question is not asked again this soon
 class SequenceWriter:
     """Token ids, position ids and loss labels of one training stream, in architecture.PROMPT's format."""
 
-    def __init__(self, tokenizer, start_position: int = 0) -> None:
+    def __init__(self, tokenizer, start_position: int = 0, object_evidence: bool = False) -> None:
         self.tokenizer = tokenizer
+        #: evidence at the asked object's own patches (evidence.py), not at whole frames
+        self.object_evidence = object_evidence
         self.frame_ids = [tokenizer.convert_tokens_to_ids("<frame>")] + [
             tokenizer.convert_tokens_to_ids("<image>")] * IMAGE_TOKENS
         self.ids: list[int] = []
@@ -96,19 +98,19 @@ class SequenceWriter:
         self.next_position += positions
 
     def question(self, text: str, answer: str, family: str, side: bool = False,
-                 evidence: tuple[float, float] | None = None, about: tuple[int, int] | None = None) -> None:
+                 evidence: tuple[float, float] | None = None) -> None:
         """The question carries no loss; its answer and the closing "</s>" do. A side question
         is a branch of its own (see batch()). `evidence` (t_enter, t_exit) of a memory question
-        marks the frames written in that span as where its answer lies; with `about` (the asked
-        object's colour and shape, evidence.py) only that object's patches in them, or, for a
-        current-scene question (no span), its patches in the newest frame."""
+        marks the frames written in that span as where its answer lies; with object evidence only
+        the asked object's patches in them, or, for a current-scene question (no span), its
+        patches in the newest frame."""
         if text not in self._prompts:
             self._prompts[text] = self.tokenizer(PROMPT["question"].format(question=text),
                                                  add_special_tokens=False)["input_ids"]
         prompt = self._prompts[text]
         target = self.tokenizer(f"{answer}</s>", add_special_tokens=False)["input_ids"]
         branch = len(self.side_families) if side else -1
-        tokens = self._evidence_tokens(evidence, about)
+        tokens = self._evidence_tokens(evidence, asked_object(text, answer) if self.object_evidence else None)
         if tokens:
             self.retrieval_rows.append(len(self.ids) + len(prompt) - 1)
             self.retrieval_evidence.append(tokens)
@@ -170,7 +172,7 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
     object's patches, for current-scene questions too (evidence.py)."""
     times = stream.frame_times
     shown = times[window.frames]
-    writer = SequenceWriter(tokenizer, window.start_position)
+    writer = SequenceWriter(tokenizer, window.start_position, object_evidence)
     asked: set[tuple[str, str]] = set()
     last_current: dict[str, float] = {}
     pending = iter(stream.questions)
@@ -188,13 +190,11 @@ def build_sequence(stream: RenderedStream, window: Window, tokenizer, frame_targ
                          objects=stream.objects[index])
             written += 1
             for extra in side.get(index, []):
-                writer.question(extra.text, extra.answer, extra.family, side=True, evidence=extra.evidence,
-                                about=asked_object(extra.text, extra.answer) if object_evidence else None)
+                writer.question(extra.text, extra.answer, extra.family, side=True, evidence=extra.evidence)
             until = times[index + 1] if index + 1 < end else segment_end
             while question is not None and question.t < until:
                 if question.t > times[index] and _answerable(question, shown, asked, last_current):
-                    writer.question(question.text, question.answer, question.family, evidence=question.evidence,
-                                    about=asked_object(question.text, question.answer) if object_evidence else None)
+                    writer.question(question.text, question.answer, question.family, evidence=question.evidence)
                 question = next(pending, None)
         while question is not None and question.t < segment_end:   # questions of the skipped time
             question = next(pending, None)

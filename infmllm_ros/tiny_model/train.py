@@ -471,6 +471,7 @@ def main(argv=None) -> int:
         if grown:
             tqdm.write(f"widened {len(grown)} weights of {args.init_from} (new heads and MLP units start silent)")
     windows = validation_windows(streams)
+    object_evidence = args.retrieval_evidence == "objects"
     use_probe_attention(model)
     model.model.vision_tower.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -507,8 +508,7 @@ def main(argv=None) -> int:
             stream, window = next_window(args, step, streams, sampler)
             batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0,
                                    side_questions=args.side_questions, rng=sampler, balance_kinds=args.balance_kinds,
-                                   side_kinds=args.side_kinds,
-                                   object_evidence=args.retrieval_evidence == "objects")
+                                   side_kinds=args.side_kinds, object_evidence=object_evidence)
             if batch["families"] or batch["side_families"]:
                 loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight,
                                            retrieval_weight=args.retrieval_weight)
@@ -522,8 +522,7 @@ def main(argv=None) -> int:
             schedule.step()
             state["step"] = step + 1
             if state["step"] % args.validate_every == 0 or state["step"] in (args.steps, total_steps):
-                accuracy = teacher_forced_accuracy(model, windows, tokenizer,
-                                                   object_evidence=args.retrieval_evidence == "objects")
+                accuracy = teacher_forced_accuracy(model, windows, tokenizer, object_evidence=object_evidence)
                 state["history"].append({"step": state["step"], "loss": state["smoothed"],
                                          "lr": optimizer.param_groups[0]["lr"], **accuracy})
                 tqdm.write(f"step {state['step']}: loss {state['smoothed']:.3f} "

@@ -14,6 +14,7 @@ from collections import Counter
 import torch
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
+from infmllm_ros.tiny_model.architecture import set_attention_factor
 from infmllm_ros.tiny_model.data import Window, build_sequence
 from infmllm_ros.tiny_model.evidence import object_patches
 from infmllm_ros.tiny_model.features import compute_features, language_model_loss
@@ -27,8 +28,7 @@ LOOKUPS = {"what colour is": "colour_of_shape", "what shape is": "shape_of_colou
 def trained_positions(path: str):
     """The model as training runs it: plain RoPE (the saved attention factor is for long streams)."""
     model = AutoModelForImageTextToText.from_pretrained(path)
-    model.config.text_config.rope_parameters = {"rope_type": "default",
-                                                "rope_theta": model.config.text_config.rope_parameters["rope_theta"]}
+    set_attention_factor(model.config.text_config, 1.0)
     model = AutoModelForImageTextToText.from_pretrained(path, config=model.config).eval()
     use_probe_attention(model)
     return model

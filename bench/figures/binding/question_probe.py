@@ -18,18 +18,19 @@ import torch.nn.functional as F
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from infmllm_ros.synthetic import COLOURS, SHAPES
+from infmllm_ros.tiny_model.architecture import set_attention_factor
 from infmllm_ros.tiny_model.data import Window, build_sequence
 from infmllm_ros.tiny_model.features import compute_features, input_embeddings
 from infmllm_ros.tiny_model.streams import render_streams
 
 SEEDS, FITTED = range(950_000, 950_080), 60
-KINDS = {"what colour is the": ("colour_of_shape", list(SHAPES)), "what shape is the": ("shape_of_colour", list(COLOURS))}
+KINDS = {"what colour is the": ("colour_of_shape", list(SHAPES)),
+         "what shape is the": ("shape_of_colour", list(COLOURS))}
 
 
 def trained_positions(path: str):
     model = AutoModelForImageTextToText.from_pretrained(path)
-    model.config.text_config.rope_parameters = {"rope_type": "default",
-                                                "rope_theta": model.config.text_config.rope_parameters["rope_theta"]}
+    set_attention_factor(model.config.text_config, 1.0)
     return AutoModelForImageTextToText.from_pretrained(path, config=model.config).eval()
 
 
