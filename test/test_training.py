@@ -71,7 +71,11 @@ def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
     assert b.config.text_config.rope_parameters["attention_factor"] == 1.3
-    assert json.loads((warm / "training.json").read_text())["init_from"] == str(first)
+    first_record, warm_record = (json.loads((d / "training.json").read_text()) for d in (first, warm))
+    assert warm_record["init_from"] == str(first)
+    # the chain of commands that made the weights: the first run's, then this one's
+    assert warm_record["lineage"] == first_record["commands"] + warm_record["commands"]
+    assert len(warm_record["lineage"]) == 2 and f"--init-from {first}" in warm_record["lineage"][1]
     # RoPE frequencies unchanged, cos/sin scaled: every attention logit is 1.3^2 times the plain one
     x = torch.zeros(1, 5, a.config.text_config.hidden_size)
     positions = torch.arange(5)[None]

@@ -314,6 +314,17 @@ def _warm_start(model, directory: Path, keep_tower: bool = False) -> list[str]:
     return grown
 
 
+def _lineage(init_from: Path | None) -> list[str]:
+    """The commands that made the weights a run starts from, oldest first: shipped weights are often
+    a chain of runs (a drill, then a fine-tune, each --init-from the last), and a directory's own
+    "command" names only the last link."""
+    record_path = init_from / "training.json" if init_from else None
+    if record_path is None or not record_path.exists():
+        return []
+    record = json.loads(record_path.read_text())
+    return record.get("lineage") or record.get("commands") or ([record["command"]] if "command" in record else [])
+
+
 def _tower_from(directory: Path, tower) -> dict:
     """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
     _take_from(directory, "the vision tower",
@@ -554,7 +565,8 @@ def main(argv=None) -> int:
               "lr": args.lr, "seed": args.seed, "train_seed_base": TRAIN_SEED_BASE,
               "short_train_seed_base": SHORT_TRAIN_SEED_BASE,
               "validation_seed_base": VALIDATION_SEED_BASE, "validation": state["history"],
-              "command": command, "commands": state["commands"]}
+              "command": command, "commands": state["commands"],
+              "lineage": _lineage(args.init_from) + state["commands"]}
     set_attention_factor(model.config.text_config, args.attention_factor)
     model.set_attn_implementation({"text_config": "sdpa", "vision_config": "sdpa"})   # the probe is for training
     try:
