@@ -314,14 +314,17 @@ def _warm_start(model, directory: Path, keep_tower: bool = False) -> list[str]:
     return grown
 
 
+def _training_record(directory: Path) -> dict:
+    """The training.json a model directory was written with; {} for one that has none (a real checkpoint)."""
+    path = directory / "training.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def _lineage(init_from: Path | None) -> list[str]:
     """The commands that made the weights a run starts from, oldest first: shipped weights are often
     a chain of runs (a drill, then a fine-tune, each --init-from the last), and a directory's own
     "command" names only the last link."""
-    record_path = init_from / "training.json" if init_from else None
-    if record_path is None or not record_path.exists():
-        return []
-    record = json.loads(record_path.read_text())
+    record = _training_record(init_from) if init_from else {}
     return record.get("lineage") or record.get("commands") or ([record["command"]] if "command" in record else [])
 
 
@@ -329,7 +332,7 @@ def _tower_from(directory: Path, tower) -> dict:
     """Load a trained model directory's vision tower into `tower`; its stage-0 record comes along."""
     _take_from(directory, "the vision tower",
                lambda trained: tower.load_state_dict(trained.model.vision_tower.state_dict()))
-    record = json.loads((directory / "training.json").read_text()) if (directory / "training.json").exists() else {}
+    record = _training_record(directory)
     earlier = record.get("vision_pretraining", {})
     return {**{k: v for k, v in earlier.items() if k != "history"}, "from": str(directory),
             "from_command": record.get("command")}
