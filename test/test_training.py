@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from infmllm_ros.tiny_model.train import _cycle, learning_rate, parse_args
+from infmllm_ros.tiny_model.schedule import cycle, learning_rate, plan
+from infmllm_ros.tiny_model.train import parse_args
 
 TINY = ["--streams", "1", "--stream-seconds", "70", "--validation-streams", "1", "--vision-steps", "5",
         "--vision-episodes", "4", "--short-streams", "0", "--validation-short-streams", "0",
@@ -39,8 +40,8 @@ def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     # the rate each phase ran at: its own cycle, peaking at --lr, then at --long-lr
     args = parse_args([*TINY, "--steps", "6", "--long-steps", "2"])
     for row in record["validation"]:
-        assert row["lr"] == pytest.approx(learning_rate(row["step"], args))
-    assert learning_rate(6, args) == pytest.approx(args.long_lr * _cycle(0, 2)) and args.long_lr != args.lr
+        assert row["lr"] == pytest.approx(learning_rate(plan(args), row["step"]))
+    assert learning_rate(plan(args), 6) == pytest.approx(args.long_lr * cycle(0, 2)) and args.long_lr != args.lr
     assert {"current", "recent", "long", "distant", "loss"} <= set(record["validation"][-1])
     assert record["retrieval_weight"] == 0.5 and "recent_mass" in record["validation"][-1]
     assert '"_attn_implementation"' not in (out / "config.json").read_text()   # the training probe stays in training
@@ -55,6 +56,24 @@ def test_a_run_writes_the_model_its_curve_and_a_checkpoint(tmp_path):
     said = longer.stdout + longer.stderr
     assert "resumed from" in said and "at step 8" in said
     assert [row["step"] for row in json.loads((out / "training.json").read_text())["validation"]][-1] == 12
+
+
+def test_rounds_run_the_drill_and_fine_tune_chain_in_one_command(tmp_path):
+    """--rounds: the chain the shipped weights came from (a drill, then a fine-tune, per round) in
+    one run: each phase recorded with its rate cycle, and validated at its end."""
+    out = tmp_path / "model"
+    done = train("--out", str(out), "--work-dir", str(tmp_path / "work"), "--steps", "2", "--rounds", "2",
+                 "--drill-steps", "2", "--round-steps", "3", "--retrieval-weight", "0.5",
+                 "--retrieval-evidence", "objects")
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((out / "training.json").read_text())
+    assert [(p["name"], p["start"], p["steps"]) for p in record["phases"]] == [
+        ("first", 0, 2), ("drill 1", 2, 2), ("fine-tune 1", 4, 3), ("drill 2", 7, 2), ("fine-tune 2", 9, 3)]
+    assert [row["step"] for row in record["validation"]] == [2, 4, 7, 8, 9, 12]   # every 4 and each phase's end
+    args = parse_args([*TINY, "--steps", "2", "--rounds", "2", "--drill-steps", "2", "--round-steps", "3"])
+    for row in record["validation"]:
+        assert row["lr"] == pytest.approx(learning_rate(plan(args), row["step"]))
+    assert record["rounds"] == 2 and record["drill_kinds"] == ["colour_of_shape", "colour_of_shape_earlier"]
 
 
 def test_warm_start_keeps_every_weight_and_writes_the_attention_factor(tmp_path):

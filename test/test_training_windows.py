@@ -62,38 +62,66 @@ def test_scattered_sequences_keep_stream_positions_and_ask_distant_questions():
     assert len(batch["input_ids"][0][is_stream]) < elapsed * FRAME_TOKENS   # the minutes between are skipped
 
 
-def test_the_long_phase_draws_mostly_scattered_windows_and_each_phase_has_its_cycle(monkeypatch):
-    """One command trains both phases: scattered windows only after --steps (when the first phase
-    has none), at LONG_PHASE_MIX's share; each phase's learning-rate cycle has the same shape and
-    peaks at its own flag (the rates a run used are checked in test_training.py)."""
-    from argparse import Namespace
-
-    from infmllm_ros.tiny_model import train
+def test_each_phase_draws_its_own_windows_and_has_its_own_cycle(monkeypatch):
+    """One command trains every phase: scattered windows only in the long phases (when the first
+    phase has none), at LONG_PHASE_MIX's share; short windows only in a round's drill; each phase's
+    learning-rate cycle has the same shape and peaks at its own flag (the rates a run used are
+    checked in test_training.py)."""
+    from infmllm_ros.tiny_model import schedule, train
 
     drawn = []
-    monkeypatch.setattr(train, "sample_window", lambda stream, rng, frames, **kind: drawn.append(kind) or None)
-    args = Namespace(steps=100, long_steps=50, short_share=0.3, gapped_share=0.35, scattered_share=0.0,
-                     max_frames=64, scattered_frames=160, short_stream_share=0.5)
+    monkeypatch.setattr(train, "sample_window",
+                        lambda stream, rng, frames, **kind: drawn.append({"frames": frames, **kind}) or None)
+    args = train.parse_args(["--steps", "100", "--long-steps", "50", "--rounds", "2", "--drill-steps", "30",
+                             "--round-steps", "40", "--retrieval-weight", "1.0"])
+    phases = schedule.plan(args)
+    assert [(p.name, p.start, p.steps) for p in phases] == [
+        ("first", 0, 100), ("long", 100, 50), ("drill 1", 150, 30), ("fine-tune 1", 180, 40),
+        ("drill 2", 220, 30), ("fine-tune 2", 250, 40)]
+    assert schedule.total_steps(phases) == 290 and schedule.phase_at(phases, 289).name == "fine-tune 2"
+    drill, fine_tune = schedule.phase_at(phases, 150), schedule.phase_at(phases, 180)
+    assert drill.side_kinds == {"colour_of_shape", "colour_of_shape_earlier"} and drill.retrieval_weight == 2.0
+    assert fine_tune.balance_kinds and not fine_tune.side_kinds and fine_tune.retrieval_weight == 1.0
+    assert not phases[0].balance_kinds and not phases[0].side_kinds   # the first phases keep their flags
     streams = train.Streams({"train": [_stream()], "validation": []})
     rng = random.Random(0)
 
     def shares(step):
         drawn.clear()
         for _ in range(2000):
-            train.next_window(args, step, streams, rng)
+            train.next_window(args, schedule.phase_at(phases, step), step, streams, rng)
         return [sum(kind.get(name, False) for kind in drawn) / len(drawn) for name in ("scattered", "gapped")]
 
     scattered, gapped = shares(60)
     assert scattered == 0.0 and 0.3 < gapped < 0.4
-    scattered, gapped = shares(120)
-    assert abs(scattered - train.LONG_PHASE_MIX[1]) < 0.04 and abs(gapped - train.LONG_PHASE_MIX[0]) < 0.03
+    for step in (120, 200):   # the long phase and a round's fine-tune
+        scattered, gapped = shares(step)
+        assert abs(scattered - train.LONG_PHASE_MIX[1]) < 0.04 and abs(gapped - train.LONG_PHASE_MIX[0]) < 0.03
+    assert shares(160) == [0.0, 0.0] and max(kind["frames"] for kind in drawn) <= 32   # a drill: short only
     # each phase's cycle: linear warm-up over a 40th of its steps, then cosine down to a tenth
-    assert abs(train._cycle(0, 400) - 0.1) < 0.01 and train._cycle(9, 400) > 0.99
-    assert abs(train._cycle(400, 400) - 0.1) < 1e-9
+    assert abs(schedule.cycle(0, 400) - 0.1) < 0.01 and schedule.cycle(9, 400) > 0.99
+    assert abs(schedule.cycle(400, 400) - 0.1) < 1e-9
+    assert schedule.learning_rate(phases, 150 + 5) == pytest.approx(args.drill_lr * schedule.cycle(5, 30))
+    assert schedule.learning_rate(phases, 180 + 5) == pytest.approx(args.long_lr * schedule.cycle(5, 40))
     # each phase peaks at its own flag: a frozen first phase leaves the long phase its rate
-    frozen = train.parse_args(["--lr", "0", "--steps", "400", "--long-steps", "400", "--long-lr", "1e-4"])
-    assert train.learning_rate(399, frozen) == 0.0
-    assert train.learning_rate(400 + 9, frozen) == pytest.approx(1e-4 * train._cycle(9, 400))
+    frozen = schedule.plan(train.parse_args(["--lr", "0", "--steps", "400", "--long-steps", "400",
+                                             "--long-lr", "1e-4"]))
+    assert schedule.learning_rate(frozen, 399) == 0.0
+    assert schedule.learning_rate(frozen, 400 + 9) == pytest.approx(1e-4 * schedule.cycle(9, 400))
+    # rounds alone (a warm start's chain): the zero-step phases are left out
+    only_rounds = schedule.plan(train.parse_args(["--steps", "0", "--long-steps", "0", "--rounds", "1"]))
+    assert [p.name for p in only_rounds] == ["drill 1", "fine-tune 1"] and only_rounds[0].start == 0
+
+
+def test_schedule_flags_are_checked(capsys):
+    from infmllm_ros.tiny_model import train
+
+    for argv, said in ((["--steps", "0", "--long-steps", "0"], "nothing to train"),
+                       (["--rounds", "-1"], "negative"),
+                       (["--rounds", "1", "--drill-kinds", "colour_of_shap"], "--drill-kinds: unknown kind")):
+        with pytest.raises(SystemExit):
+            train.parse_args(argv)
+        assert said in capsys.readouterr().err
 
 
 def test_validation_reads_distant_answers_from_several_scattered_windows_per_long_stream():

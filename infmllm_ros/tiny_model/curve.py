@@ -25,6 +25,10 @@ def plot_training_curve(record: dict, path: Path) -> None:
     accuracy.legend()
     loss.plot(steps, [row["loss"] for row in history], marker="o", color="black")
     loss.set(xlabel="step", ylabel="training loss (smoothed)", yscale="log", title="loss")
+    for phase in record.get("phases", [])[1:]:   # where each phase (its own rate cycle) begins
+        for axes in (accuracy, loss):
+            axes.axvline(phase["start"], color="grey", linewidth=0.6, linestyle=":")
+        accuracy.annotate(phase["name"], (phase["start"], 2), rotation=90, fontsize=7, color="dimgrey")
     # a resumed run shows each command it ran under, with the step it started from
     figure.suptitle("\n".join(record.get("commands") or [record.get("command", "")]), fontsize=7)
     figure.tight_layout()

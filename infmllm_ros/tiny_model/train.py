@@ -4,8 +4,9 @@ Stages: 0) the vision tower alone, directly supervised on frames (vision_pretrai
 tower is frozen and every frame's features are computed once (features.py), so 1) the language
 model and projector train on windows of long streams without paying for vision again: short
 windows first (seeing, what just left), then long and gapped ones (remembering minutes back), and
-last a long phase of windows shaped like a 10-minute stream under a second learning-rate cycle
-(what made the shipped weights as a separate fine-tune). Only answer tokens carry loss.
+then a long phase of windows shaped like a 10-minute stream under a second learning-rate cycle,
+and with `--rounds` the drill and fine-tune rounds the shipped weights came from (schedule.py), each
+phase under its own cycle. Only answer tokens carry loss.
 
 Runs safely in the background: rendered streams, the vision stage and a checkpoint (every
 `--checkpoint-minutes`, on Ctrl-C and on SIGTERM) go to `--work-dir`; `--resume` picks up from
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import shutil
@@ -45,6 +45,7 @@ from .data import FRAME_TOKENS, IGNORE, Window, build_sequence, sample_window
 from .frame_targets import FIRST_TARGET_TOKEN, TARGETS_PER_FRAME
 from .features import compute_features, language_model_loss
 from .retrieval import best_head_mass, probing, retrieval_layers, use_probe_attention
+from .schedule import Phase, learning_rate, phase_at, plan, total_steps
 from .streams import RenderedStream, render_many_snapshots, render_streams
 from .vision_pretraining import pretrain_vision_tower
 from .widening import widen_into
@@ -130,7 +131,19 @@ def parse_args(argv):
     parser.add_argument("--long-steps", type=int, default=1100,
                         help="then this many steps on windows shaped like a 10-minute stream (mostly scattered "
                              "ones, LONG_PHASE_MIX), under a second, lower learning-rate cycle; 0 = none")
-    parser.add_argument("--long-lr", type=float, default=1.5e-4, help="peak learning rate of the long phase")
+    parser.add_argument("--long-lr", type=float, default=1.5e-4,
+                        help="peak learning rate of the long phase and of each round's fine-tune")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="then this many rounds of a drill (--drill-*) and a long-stream fine-tune "
+                             "(--round-steps, memory kinds in turn): the chain the shipped weights came from "
+                             "(schedule.py, README item 15 of the embedded model); 0 = none")
+    parser.add_argument("--drill-steps", type=int, default=1200, help="steps of each round's drill (short windows)")
+    parser.add_argument("--drill-lr", type=float, default=5e-4, help="peak learning rate of each drill")
+    parser.add_argument("--drill-kinds", default="colour_of_shape,colour_of_shape_earlier",
+                        help="the side-question kinds each drill asks (comma-separated)")
+    parser.add_argument("--drill-retrieval-weight", type=float, default=2.0,
+                        help="retrieval-loss weight in the drills (the fine-tunes use --retrieval-weight)")
+    parser.add_argument("--round-steps", type=int, default=1100, help="steps of each round's fine-tune")
     # One window per step is a batch of one: at 1.5e-3 (every earlier recipe) the language model
     # stayed near its priors for thousands of steps, even fed perfect symbolic frames; at 3e-4 the
     # same lookups formed within a few hundred steps (README, "The embedded model").
@@ -165,10 +178,16 @@ def parse_args(argv):
         parser.error("--continue-vision continues a trained tower: give --init-from or --vision-from")
     if args.attention_factor <= 0:
         parser.error("--attention-factor must be positive")
-    args.side_kinds = frozenset(kind for kind in args.side_kinds.split(",") if kind)
-    if args.side_kinds - set(FAMILY_OF_KIND):
-        parser.error(f"--side-kinds: unknown kind {sorted(args.side_kinds - set(FAMILY_OF_KIND))[0]!r} "
-                     f"(known: {', '.join(sorted(FAMILY_OF_KIND))})")
+    for flag in ("side_kinds", "drill_kinds"):
+        kinds = frozenset(kind for kind in getattr(args, flag).split(",") if kind)
+        if kinds - set(FAMILY_OF_KIND):
+            parser.error(f"--{flag.replace('_', '-')}: unknown kind {sorted(kinds - set(FAMILY_OF_KIND))[0]!r} "
+                         f"(known: {', '.join(sorted(FAMILY_OF_KIND))})")
+        setattr(args, flag, kinds)
+    if min(args.steps, args.long_steps, args.rounds, args.drill_steps, args.round_steps) < 0:
+        parser.error("step and round counts cannot be negative")
+    if not plan(args):
+        parser.error("nothing to train: --steps, --long-steps and --rounds are all 0")
     return args
 
 
@@ -421,14 +440,17 @@ def teacher_forced_accuracy(model, windows, tokenizer, object_evidence: bool = F
 LONG_PHASE_MIX = (0.1, 0.6)
 
 
-def next_window(args, step: int, streams: Streams, rng: random.Random) -> tuple[RenderedStream, Window]:
-    """Short windows first; then gapped windows of the long streams (distant questions) and
-    contiguous ones, from the short episodes or the long streams; in the long phase, mostly
-    scattered windows (LONG_PHASE_MIX)."""
+def next_window(args, phase: Phase, step: int, streams: Streams, rng: random.Random) -> tuple[RenderedStream, Window]:
+    """The window optimizer step `step` of `phase` reads. First phase: short windows first, then
+    gapped windows of the long streams (distant questions) and contiguous ones, from the short
+    episodes or the long streams; long phases: mostly scattered windows (LONG_PHASE_MIX); drills:
+    short windows only."""
     long_stream = streams.train[rng.randrange(len(streams.train))]
-    long_phase = step >= args.steps
-    gapped_share, scattered_share = LONG_PHASE_MIX if long_phase else (args.gapped_share, args.scattered_share)
-    if long_phase or step >= args.short_share * args.steps:
+    short_only = phase.windows == "short" or (phase.windows == "first"
+                                              and step - phase.start < args.short_share * phase.steps)
+    if not short_only:
+        gapped_share, scattered_share = (LONG_PHASE_MIX if phase.windows == "long"
+                                         else (args.gapped_share, args.scattered_share))
         draw = rng.random()
         if draw < gapped_share:
             return long_stream, sample_window(long_stream, rng, rng.randint(40, 64), gapped=True)
@@ -438,24 +460,9 @@ def next_window(args, step: int, streams: Streams, rng: random.Random) -> tuple[
     stream = long_stream
     if streams.short_train and rng.random() < args.short_stream_share:
         stream = streams.short_train[rng.randrange(len(streams.short_train))]
-    if not long_phase and step < args.short_share * args.steps:
+    if short_only:
         return stream, sample_window(stream, rng, rng.randint(8, 32), gapped=False)
     return stream, sample_window(stream, rng, rng.randint(16, args.max_frames), gapped=False)
-
-
-def _cycle(step: int, steps: int) -> float:
-    """Share of a phase's peak learning rate at `step`: linear warm-up over a 40th, cosine to 0.1."""
-    warmup = max(steps // 40, 1)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(step, steps) / max(steps, 1)))
-    return min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * cosine)
-
-
-def learning_rate(step: int, args) -> float:
-    """The rate at optimizer step `step`: the first phase's cycle peaks at --lr, the long phase's at
-    --long-lr (each its own flag: `--lr 0` freezes the first phase only)."""
-    if step < args.steps:
-        return args.lr * _cycle(step, args.steps)
-    return args.long_lr * _cycle(step - args.steps, args.long_steps)
 
 
 def main(argv=None) -> int:
@@ -491,8 +498,10 @@ def main(argv=None) -> int:
     trainable = [p for p in model.parameters() if p.requires_grad]
     # base rate 1, so the scheduler's factor is the rate itself (learning_rate), phase by phase
     optimizer = torch.optim.AdamW(trainable, lr=1.0, weight_decay=0.01, betas=(0.9, 0.98))
-    total_steps = args.steps + args.long_steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate(step, args))
+    phases = plan(args)
+    last_step = total_steps(phases)
+    phase_ends = {phase.end for phase in phases}
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate(phases, step))
     sampler = random.Random(args.seed)
     state = {"step": 0, "history": [], "smoothed": None, "seconds": 0.0}
     if args.resume and checkpoint_path.exists():
@@ -515,27 +524,28 @@ def main(argv=None) -> int:
         return time.perf_counter()
 
     segment_start = last_save = time.perf_counter()
-    progress = tqdm(range(state["step"], total_steps), desc="training", unit="step", initial=state["step"],
-                    total=total_steps)
+    progress = tqdm(range(state["step"], last_step), desc="training", unit="step", initial=state["step"],
+                    total=last_step)
     try:
         for step in progress:
-            stream, window = next_window(args, step, streams, sampler)
+            phase = phase_at(phases, step)
+            stream, window = next_window(args, phase, step, streams, sampler)
             batch = build_sequence(stream, window, tokenizer, frame_targets=args.frame_target_weight > 0,
-                                   side_questions=args.side_questions, rng=sampler, balance_kinds=args.balance_kinds,
-                                   side_kinds=args.side_kinds, object_evidence=object_evidence)
+                                   side_questions=args.side_questions, rng=sampler, balance_kinds=phase.balance_kinds,
+                                   side_kinds=phase.side_kinds, object_evidence=object_evidence)
             if batch["families"] or batch["side_families"]:
                 loss = language_model_loss(model, batch, frame_target_weight=args.frame_target_weight,
-                                           retrieval_weight=args.retrieval_weight)
+                                           retrieval_weight=phase.retrieval_weight)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 smoothed = state["smoothed"]
                 state["smoothed"] = loss.item() if smoothed is None else 0.98 * smoothed + 0.02 * loss.item()
-                progress.set_postfix(loss=f"{state['smoothed']:.3f}", frames=len(window.frames))
+                progress.set_postfix(phase=phase.name, loss=f"{state['smoothed']:.3f}", frames=len(window.frames))
             schedule.step()
             state["step"] = step + 1
-            if state["step"] % args.validate_every == 0 or state["step"] in (args.steps, total_steps):
+            if state["step"] % args.validate_every == 0 or state["step"] in phase_ends:
                 accuracy = teacher_forced_accuracy(model, windows, tokenizer, object_evidence=object_evidence)
                 state["history"].append({"step": state["step"], "loss": state["smoothed"],
                                          "lr": optimizer.param_groups[0]["lr"], **accuracy})
@@ -555,6 +565,11 @@ def main(argv=None) -> int:
               "train_seconds": round(time.perf_counter() - started, 1),
               "language_model_seconds": round(state["seconds"], 1),
               "steps": args.steps, "long_steps": args.long_steps, "long_lr": args.long_lr,
+              "rounds": args.rounds, "drill_steps": args.drill_steps, "drill_lr": args.drill_lr,
+              "drill_kinds": sorted(args.drill_kinds), "drill_retrieval_weight": args.drill_retrieval_weight,
+              "round_steps": args.round_steps,
+              "phases": [{"name": phase.name, "start": phase.start, "steps": phase.steps, "lr": phase.lr}
+                         for phase in phases],
               "streams": args.streams, "stream_seconds": args.stream_seconds,
               "short_streams": args.short_streams, "short_stream_seconds": args.short_stream_seconds,
               "frame_target_weight": args.frame_target_weight, "retrieval_weight": args.retrieval_weight,
