@@ -15,7 +15,8 @@ def frames(count: int, seed: int = 0, size=(48, 64)) -> list[np.ndarray]:
 
 def session_for(model_dir, policy: str, **overrides) -> StreamingSession:
     settings = dict(model_path=str(model_dir), cache_policy=policy, quantization="none", cache_budget=64,
-                    recent_window=16, eviction_chunk=16, sink_tokens=4, max_new_tokens=4)
+                    recent_window=16, eviction_chunk=16, sink_tokens=4, max_new_tokens=4,
+                    recall_store_mb=0.0)   # the policy alone; recall's tests turn it on
     settings.update(overrides)
     return StreamingSession(SessionConfig(**settings))
 

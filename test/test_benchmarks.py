@@ -30,7 +30,7 @@ def run_quick(suite: str, out, *extra: str) -> dict:
 def test_scale_quick_bounded_policies_stay_flat_and_full_grows(tmp_path, capsys):
     payload = run_quick("scale", tmp_path)
     rows = payload["rows"]
-    assert {row["policy"] for row in rows} == {"full", "streaming", "h2o", "infmllm"}
+    assert {row["policy"] for row in rows} == {"full", "streaming", "h2o", "infmllm", "infmllm+recall"}
     for row in rows:
         assert row["frames"] in (16, 100, 128)
         if row["policy"] != "full":
@@ -39,6 +39,9 @@ def test_scale_quick_bounded_policies_stay_flat_and_full_grows(tmp_path, capsys)
         assert all(math.isfinite(row[key]) and row[key] > 0 for key in ("ingest_ms", "ttft_ms", "decode_ms"))
     full = [row["cache_tokens"] for row in rows if row["policy"] == "full"]
     assert full == sorted(full) and full[-1] > BUDGET + CHUNK
+    # recall keeps what infmllm evicts beside the bounded cache; the policy alone keeps nothing
+    assert all(row["store_mb"] == 0.0 for row in rows if row["policy"] != "infmllm+recall")
+    assert [row for row in rows if row["policy"] == "infmllm+recall"][-1]["store_mb"] > 0
     ratio = {row["policy"]: row for row in payload["ratios"]}
     assert ratio["full"]["cache_tokens"] > 1.2 and ratio["infmllm"]["cache_tokens"] <= 1.0
     assert "| policy | frames |" in capsys.readouterr().out

@@ -105,6 +105,23 @@ def test_recall_with_nothing_stored_answers_exactly_as_recall_off(tiny_model_dir
         assert torch.equal(layer_off.attention_mass, layer_on.attention_mass)
 
 
+def test_the_full_cache_ignores_the_default_recall_and_answers_as_without_it(tiny_model_dirs):
+    """Recall is on by default; under `full` nothing is evicted, so it must not be refused (the
+    default would then break `cache_policy: full`) nor cost anything: no store, no question probe."""
+    sessions = [session_for(tiny_model_dirs["llava-llama"], "full", **extra)
+                for extra in ({}, {"recall_store_mb": SessionConfig.recall_store_mb})]
+    answers = []
+    for session in sessions:
+        for index, image in enumerate(frames(12)):
+            session.add_frame(image, stamp=float(index))
+        answers.append([session.ask("what is in view ?").text, session.ask("what colour ?").text])
+    off, on = sessions
+    assert on.config.recall_store_mb > 0 and on.cache.store is None and on.probe is None
+    assert answers[0] == answers[1]
+    for layer_off, layer_on in zip(off.cache.layers, on.cache.layers):
+        assert torch.equal(layer_off.keys, layer_on.keys) and torch.equal(layer_off.values, layer_on.values)
+
+
 def test_an_answer_with_recall_stays_within_the_allowance_and_leaves_no_trace(tiny_model_dirs):
     session = session_for(tiny_model_dirs["llava-llama"], "infmllm", max_new_tokens=6, **RECALL)
     for index, image in enumerate(frames(40)):
@@ -182,8 +199,9 @@ def test_an_eviction_while_frames_are_recalled_takes_them_out_first(tiny_model_d
 
 
 def test_recall_settings_are_checked():
-    with pytest.raises(ValueError, match="full cache evicts none"):
-        SessionConfig(cache_policy="full", recall_store_mb=8)
+    assert SessionConfig().recall_on, "recall is on by default"
+    assert not SessionConfig(cache_policy="full").recall_on, "the full cache evicts nothing to recall"
+    assert not SessionConfig(recall_store_mb=0).recall_on and not SessionConfig(recall_frames=0).recall_on
     with pytest.raises(ValueError, match=">= 0"):
         SessionConfig(recall_store_mb=-1)
     with pytest.raises(ValueError, match=">= 0"):

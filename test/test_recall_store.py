@@ -141,7 +141,7 @@ def test_without_a_store_the_cache_registers_no_frames():
     from infmllm_ros.synthetic import generate_episode
 
     session = StreamingSession(SessionConfig(cache_policy="infmllm", quantization="none", cache_budget=96,
-                                             recent_window=32, eviction_chunk=32))
+                                             recent_window=32, eviction_chunk=32, recall_store_mb=0))
     episode = generate_episode(3, 30.0)
     for second in range(8):
         session.add_frame(episode.render(second + 0.5))

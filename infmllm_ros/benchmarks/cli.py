@@ -73,8 +73,9 @@ def scale_suite(suite: Suite, model_path: str, args, overrides: dict | None = No
     suite.table("Scale: each figure at the last checkpoint / at 100 frames", ratio_rows, ["policy", "frames", *METRICS])
     suite.save({"rows": rows, "ratios": ratio_rows, "budget": args.budget, "recent": args.recent,
                 "full_max_frames": args.full_max_frames, "overrides": overrides or {}})
-    suite.plot(line_plot(suite.file, rows, "frames", ["cache_mb", "peak_rss_mb", "ingest_ms", "ttft_ms", "decode_ms"],
-                         "policy", suite.out))
+    suite.plot(line_plot(suite.file, rows, "frames",
+                         ["cache_mb", "store_mb", "peak_rss_mb", "ingest_ms", "ttft_ms", "decode_ms"], "policy",
+                         suite.out))
 
 
 def quality_suite(suite: Suite, model_path: str, args) -> None:

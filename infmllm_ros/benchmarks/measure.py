@@ -67,10 +67,12 @@ def decode_ms_per_token(session: StreamingSession, steps: int = 16) -> float:
 
 
 def make_session(model_path, policy: str, budget: int, recent: int, **overrides) -> StreamingSession:
-    """A session under `policy`; `recent` is clipped so small budgets stay valid."""
+    """A session under `policy` alone (recall only where `overrides` asks for it, so a row named
+    after a policy measures that policy); `recent` is clipped so small budgets stay valid."""
     recent = min(recent, max(budget // 2, 1))
+    settings = {"recall_store_mb": 0.0, **overrides}
     return StreamingSession(SessionConfig(model_path=model_path, cache_policy=policy, cache_budget=budget,
-                                          recent_window=recent, **overrides))
+                                          recent_window=recent, **settings))
 
 
 def score_episodes(score, jobs: list, workers: int, progress, weight=lambda cells: 1) -> dict:

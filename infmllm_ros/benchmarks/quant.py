@@ -42,7 +42,8 @@ def run_quant(model_path, episodes: int, duration_s: float, frames: int = 64, mo
     pool = stream_frames(frames)
     for mode in tqdm(modes, desc="quant modes", unit="mode"):
         try:
-            session = StreamingSession(SessionConfig(model_path=model_path, quantization=mode, cache_policy="infmllm"))
+            session = StreamingSession(SessionConfig(model_path=model_path, quantization=mode, cache_policy="infmllm",
+                                                     recall_store_mb=0.0))   # the policy's figures alone
         except ModelLoadError as error:
             rows.append({"mode": mode, "error": str(error)})
             continue

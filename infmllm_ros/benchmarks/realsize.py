@@ -272,6 +272,7 @@ def measure_model(directory: str, name: str, mode: str, overrides: dict, size: S
     """Every figure of one model in one quantization mode (`overrides`: its session settings; run
     in a child process)."""
     rss_start = rss_mb()
+    overrides = {"recall_store_mb": 0.0, **overrides}   # the policies' own figures: recall is not measured here
     session = StreamingSession(SessionConfig(model_path=directory, cache_policy="infmllm", cache_budget=size.budget,
                                              **overrides))
     model, processor = session.model, session.processor

@@ -13,12 +13,16 @@ import time
 
 from tqdm import tqdm
 
+from infmllm_ros.engine.session import SessionConfig
 from infmllm_ros.synthetic import generate_episode
 
 from .measure import decode_ms_per_token, gpu_peak_mb, in_child, make_session, peak_rss_mb, rss_mb, synchronize
 
-POLICIES = ("full", "streaming", "h2o", "infmllm")
-METRICS = ("cache_tokens", "cache_mb", "rss_mb", "peak_rss_mb", "ingest_ms", "ttft_ms", "decode_ms")
+#: a policy plus session settings: infmllm with recall at the node's default store, so what recall
+#: adds over an hour (store MB, RSS, time to first token) sits beside the policy alone
+VARIANTS = {"infmllm+recall": ("infmllm", {"recall_store_mb": SessionConfig.recall_store_mb})}
+POLICIES = ("full", "streaming", "h2o", "infmllm", *VARIANTS)
+METRICS = ("cache_tokens", "cache_mb", "store_mb", "rss_mb", "peak_rss_mb", "ingest_ms", "ttft_ms", "decode_ms")
 QUESTION = "how many objects are in view?"
 BASE_FRAMES = 100   # ratios are reported against this checkpoint
 
@@ -39,7 +43,8 @@ def scale_one_policy(model_path, policy: str, checkpoints, budget: int, recent: 
     ingest_ms is the median over the `window` frames just before the checkpoint, so one eviction
     does not dominate it (its cost is spread as in real use).
     """
-    session = make_session(model_path, policy, budget, recent, **overrides)
+    base, settings = VARIANTS.get(policy, (policy, {}))
+    session = make_session(model_path, base, budget, recent, **{**overrides, **settings})
     frames = stream_frames(max(checkpoints))
     timings, rows, marks = [], [], set(checkpoints)
     for index, frame in enumerate(tqdm(frames, desc=f"scale {policy}", unit="frame", leave=False), start=1):
@@ -50,7 +55,9 @@ def scale_one_policy(model_path, policy: str, checkpoints, budget: int, recent: 
         if index in marks:
             answer = session.ask(QUESTION)
             row = {"policy": policy, "frames": index, "cache_tokens": session.cache_tokens,
-                   "cache_mb": session.cache_bytes / 2**20, "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
+                   "cache_mb": session.cache_bytes / 2**20,
+                   "store_mb": session.cache.store.megabytes if session.cache.store is not None else 0.0,
+                   "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
                    "ingest_ms": 1000 * statistics.median(timings[-window:]),
                    "ttft_ms": 1000 * answer.ttft_s, "decode_ms": decode_ms_per_token(session, 8)}
             if (gpu_mb := gpu_peak_mb(session)) is not None:

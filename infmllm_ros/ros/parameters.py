@@ -118,9 +118,10 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
                   "per eviction", in_range(0.0, 1.0)),
-    ParameterSpec("recall_store_mb", "double", 0.0, "recall: host memory (MB, per camera) for frames the policy "
+    ParameterSpec("recall_store_mb", "double", 64.0, "recall: host memory (MB, per camera) for frames the policy "
                   "evicted, oldest leaving first; each question gets the recall_frames that best match it back "
-                  "for its answer; 0 = off (bounded policies only)", in_range(0.0, 1_000_000.0)),
+                  "for its answer; 0 = off; does nothing under cache_policy full, which evicts nothing",
+                  in_range(0.0, 1_000_000.0)),
     ParameterSpec("recall_frames", "integer", 4, "recall: stored frames put back for each answer",
                   in_range(0, 1024)),
     ParameterSpec("prune_similarity", "double", 0.0, "temporal pruning: a frame's visual tokens at least this "
@@ -190,9 +191,6 @@ def check_all(values: Mapping[str, Any]) -> dict[str, Any]:
     overlap = set(checked["image_topics"]) & set(checked["compressed_image_topics"])
     if overlap:
         raise ParameterError(f"{sorted(overlap)} listed as both a raw and a compressed image topic")
-    if checked["recall_store_mb"] > 0 and checked["cache_policy"] == "full":
-        raise ParameterError("recall_store_mb: recall brings back evicted frames and cache_policy full evicts none; "
-                             "set it to 0.0 or choose a bounded cache_policy")
     return checked
 
 
