@@ -9,7 +9,7 @@ import torch
 
 from engine_helpers import frames, session_for
 from infmllm_ros.engine.rope import shift_rotated_keys
-from infmllm_ros.engine.session import SessionConfig
+from infmllm_ros.engine.session import DEFAULT_RECALL_STORE_MB, RECALL_AUTO, SessionConfig
 
 RECALL = dict(recall_store_mb=8, recall_frames=2)
 
@@ -106,17 +106,17 @@ def test_recall_with_nothing_stored_answers_exactly_as_recall_off(tiny_model_dir
 
 
 def test_the_full_cache_ignores_the_default_recall_and_answers_as_without_it(tiny_model_dirs):
-    """Recall is on by default; under `full` nothing is evicted, so it must not be refused (the
-    default would then break `cache_policy: full`) nor cost anything: no store, no question probe."""
+    """Recall is on by default (auto); under `full` nothing is evicted, so auto must not be refused
+    (the default would then break `cache_policy: full`) nor cost anything: no store, no probe."""
     sessions = [session_for(tiny_model_dirs["llava-llama"], "full", **extra)
-                for extra in ({}, {"recall_store_mb": SessionConfig.recall_store_mb})]
+                for extra in ({}, {"recall_store_mb": RECALL_AUTO})]
     answers = []
     for session in sessions:
         for index, image in enumerate(frames(12)):
             session.add_frame(image, stamp=float(index))
         answers.append([session.ask("what is in view ?").text, session.ask("what colour ?").text])
     off, on = sessions
-    assert on.config.recall_store_mb > 0 and on.cache.store is None and on.probe is None
+    assert not on.config.recall_on and on.cache.store is None and on.probe is None
     assert answers[0] == answers[1]
     for layer_off, layer_on in zip(off.cache.layers, on.cache.layers):
         assert torch.equal(layer_off.keys, layer_on.keys) and torch.equal(layer_off.values, layer_on.values)
@@ -199,11 +199,14 @@ def test_an_eviction_while_frames_are_recalled_takes_them_out_first(tiny_model_d
 
 
 def test_recall_settings_are_checked():
-    assert SessionConfig().recall_on, "recall is on by default"
-    assert not SessionConfig(cache_policy="full").recall_on, "the full cache evicts nothing to recall"
+    assert SessionConfig().recall_on and SessionConfig().store_megabytes == DEFAULT_RECALL_STORE_MB, "on by default"
+    assert not SessionConfig(cache_policy="full").recall_on, "auto: the full cache evicts nothing to recall"
     assert not SessionConfig(recall_store_mb=0).recall_on and not SessionConfig(recall_frames=0).recall_on
+    assert SessionConfig(cache_policy="full").sized(17).recall_store_mb == 0.0
+    with pytest.raises(ValueError, match="full cache evicts none"):   # asked for explicitly: meaningless
+        SessionConfig(cache_policy="full", recall_store_mb=8)
     with pytest.raises(ValueError, match=">= 0"):
-        SessionConfig(recall_store_mb=-1)
+        SessionConfig(recall_store_mb=-2)
     with pytest.raises(ValueError, match=">= 0"):
         SessionConfig(recall_frames=-2)
 

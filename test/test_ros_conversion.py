@@ -351,8 +351,9 @@ def test_defaults_pass_and_match_the_engine():
     from infmllm_ros.engine.loading import DTYPES
     from infmllm_ros.engine.policies import POLICIES
     from infmllm_ros.engine.quantization import MODES
-    from infmllm_ros.engine.session import PRUNE_UNITS, SessionConfig
+    from infmllm_ros.engine.session import DEFAULT_RECALL_STORE_MB, PRUNE_UNITS, RECALL_AUTO, SessionConfig
     checked = parameters.check_all(parameters.defaults())
+    assert (parameters.RECALL_AUTO, parameters.DEFAULT_RECALL_STORE_MB) == (RECALL_AUTO, DEFAULT_RECALL_STORE_MB)
     assert set(parameters.DTYPES) == set(DTYPES) and set(parameters.CACHE_POLICIES) == set(POLICIES)
     assert set(parameters.QUANTIZATION) == {*MODES, "auto"}
     assert set(parameters.PRUNE_UNITS) == set(PRUNE_UNITS)
@@ -381,6 +382,7 @@ def test_defaults_pass_and_match_the_engine():
     ("image_qos", "best_effort", "one of"),
     ("stats_period_s", "1", "expected double"),
     ("cache_budget", True, "expected integer"),
+    ("recall_store_mb", -2.0, "-1 (auto)"),
 ])
 def test_each_validator_refuses_with_the_name(name, value, message):
     with pytest.raises(parameters.ParameterError) as caught:
@@ -394,6 +396,10 @@ def test_check_normalises_and_cross_checks():
         parameters.check_all({"image_topics": [], "compressed_image_topics": []})
     with pytest.raises(parameters.ParameterError, match="both"):
         parameters.check_all({"image_topics": ["/c"], "compressed_image_topics": ["/c"]})
+    # recall asked of a policy that evicts nothing is refused; its auto default is not
+    with pytest.raises(parameters.ParameterError, match="full evicts none"):
+        parameters.check_all({"cache_policy": "full", "recall_store_mb": 8.0})
+    assert parameters.check_all({"cache_policy": "full"})["recall_store_mb"] == parameters.RECALL_AUTO
 
 
 def test_model_and_topic_parameters_are_read_only():

@@ -13,14 +13,14 @@ import time
 
 from tqdm import tqdm
 
-from infmllm_ros.engine.session import SessionConfig
+from infmllm_ros.engine.session import DEFAULT_RECALL_STORE_MB
 from infmllm_ros.synthetic import generate_episode
 
 from .measure import decode_ms_per_token, gpu_peak_mb, in_child, make_session, peak_rss_mb, rss_mb, synchronize
 
 #: a policy plus session settings: infmllm with recall at the node's default store, so what recall
 #: adds over an hour (store MB, RSS, time to first token) sits beside the policy alone
-VARIANTS = {"infmllm+recall": ("infmllm", {"recall_store_mb": SessionConfig.recall_store_mb})}
+VARIANTS = {"infmllm+recall": ("infmllm", {"recall_store_mb": DEFAULT_RECALL_STORE_MB})}
 POLICIES = ("full", "streaming", "h2o", "infmllm", *VARIANTS)
 METRICS = ("cache_tokens", "cache_mb", "store_mb", "rss_mb", "peak_rss_mb", "ingest_ms", "ttft_ms", "decode_ms")
 QUESTION = "how many objects are in view?"

@@ -34,6 +34,13 @@ PRUNE_UNITS = ("token", "frame")
 AUTO_SIZES = {"cache_budget": (16, 1024), "recent_window": (4, 256), "eviction_chunk": (1, 64)}
 #: the frame size (height, width) sizes are computed for: what most robot cameras publish
 REFERENCE_FRAME = (480, 640)
+#: recall_store_mb's default: recall on under a bounded policy (DEFAULT_RECALL_STORE_MB), off under
+#: `full`, which evicts nothing; an explicit store under `full` is refused as meaningless. On by
+#: default because on the embedded model it lifts answers about minutes-old objects by 7-10 points
+#: at 5-10 % budgets for ~35 ms more to the first token (README, Results 1 and 2b); 64 MB holds ten
+#: minutes of its frames at 1 frame/s
+RECALL_AUTO = -1.0
+DEFAULT_RECALL_STORE_MB = 64.0
 
 
 @dataclass
@@ -53,12 +60,9 @@ class SessionConfig:
     sink_tokens: int = AttentionSaddles.sink               # first tokens always kept (streaming, infmllm)
     attention_bias: float = AttentionSaddles.attention_bias  # infmllm: saddle evidence forgotten per eviction
     max_new_tokens: int = 16
-    # Recall: evicted frames kept whole in host memory (MB; 0 = off) and put back, the `recall_frames`
-    # that best match a question, for that answer only. On by default: on the embedded model it lifts
-    # answers about minutes-old objects by 7-10 points at 5-10 % budgets for ~50 ms more to the first
-    # token (README, Results 2b); 64 MB holds ten minutes of its frames at 1 frame/s. Under `full`
-    # nothing is evicted, so it has nothing to do (`recall_on`).
-    recall_store_mb: float = 64.0
+    # Recall: evicted frames kept whole in host memory (MB; 0 = off; RECALL_AUTO: on unless `full`)
+    # and put back, the `recall_frames` that best match a question, for that answer only
+    recall_store_mb: float = RECALL_AUTO
     recall_frames: int = 4
     # Temporal pruning: a frame's visual tokens at least this cosine-similar to what their patch last
     # appended are left out (0 = off: every token appended)
@@ -66,17 +70,27 @@ class SessionConfig:
     prune_unit: str = "token"          # token: each patch on its own; frame: a frame whole, or not at all
 
     def __post_init__(self) -> None:
-        if self.recall_store_mb < 0 or self.recall_frames < 0:
-            raise ValueError("recall_store_mb and recall_frames must be >= 0")
+        if (self.recall_store_mb < 0 and self.recall_store_mb != RECALL_AUTO) or self.recall_frames < 0:
+            raise ValueError(f"recall_store_mb must be >= 0 or {RECALL_AUTO:g} (auto), and recall_frames >= 0")
         if not 0.0 <= self.prune_similarity <= 1.0:
             raise ValueError(f"prune_similarity must be between 0 (off) and 1, got {self.prune_similarity}")
         if self.prune_unit not in PRUNE_UNITS:
             raise ValueError(f"prune_unit must be one of {', '.join(PRUNE_UNITS)}, got {self.prune_unit!r}")
+        if self.recall_store_mb > 0 and self.cache_policy == "full":
+            raise ValueError("recall brings back evicted frames, and the full cache evicts none: "
+                             f"set recall_store_mb to 0 or {RECALL_AUTO:g} (auto), or choose a bounded cache_policy")
+
+    @property
+    def store_megabytes(self) -> float:
+        """The recall store's size, RECALL_AUTO resolved: the default under a bounded policy, 0 under full."""
+        if self.recall_store_mb == RECALL_AUTO:
+            return 0.0 if self.cache_policy == "full" else DEFAULT_RECALL_STORE_MB
+        return self.recall_store_mb
 
     @property
     def recall_on(self) -> bool:
-        """Whether evicted frames are stored and recalled: a store, and a policy that evicts."""
-        return self.recall_store_mb > 0 and self.recall_frames > 0 and self.cache_policy != "full"
+        """Whether evicted frames are stored and recalled."""
+        return self.store_megabytes > 0 and self.recall_frames > 0
 
     def sized(self, frame_tokens: int) -> "SessionConfig":
         """This config with AUTO sizes replaced by frame counts of the model, and the sizes checked
@@ -87,7 +101,7 @@ class SessionConfig:
             raise ValueError(f"one {REFERENCE_FRAME[1]}x{REFERENCE_FRAME[0]} frame is {frame_tokens} tokens of this "
                              f"model, more than eviction_chunk ({sizes['eviction_chunk']}): set eviction_chunk to at "
                              f"least {frame_tokens}, or to 0 to size the cache from the model")
-        return replace(self, **sizes)
+        return replace(self, **sizes, recall_store_mb=self.store_megabytes)
 
     def make_policy(self) -> CachePolicy:
         """The policy these settings name, given those of the settings it has."""

@@ -218,8 +218,10 @@ class InfMLLMNode(LifecycleNode):
             f"torch threads); cache policy "
             f"{config.cache_policy}, budget {config.cache_budget} tokens ({config.cache_budget / frame_tokens:.0f} "
             f"frames of {frame_tokens} tokens at 640x480), recent window {config.recent_window}, eviction chunk "
-            f"{config.eviction_chunk}; "
-            f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}; "
+            f"{config.eviction_chunk}; recall "
+            + (f"{config.recall_store_mb:g} MB, {config.recall_frames} frames per answer; " if config.recall_on
+               else "off; ")
+            + f"one cache per camera ({len(self._sessions.sessions)}), questions default to {self._sessions.default_camera}; "
             f"{frozen:,} loaded Python objects exempted from garbage collection")
         self.last_failure = ""
         self.state = "inactive"

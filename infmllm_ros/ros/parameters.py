@@ -62,6 +62,17 @@ def in_range(low: float, high: float, low_open: bool = False) -> Validator:
     return check
 
 
+#: recall_store_mb's auto value and what it means under a bounded policy: the engine's RECALL_AUTO and
+#: DEFAULT_RECALL_STORE_MB, repeated so that reading parameters needs no torch (a test holds them equal)
+RECALL_AUTO, DEFAULT_RECALL_STORE_MB = -1.0, 64.0
+
+
+def _recall_store_mb(value: float) -> str | None:
+    if value == RECALL_AUTO:
+        return None
+    return in_range(0.0, 1_000_000.0)(value) and f"must be {RECALL_AUTO:g} (auto) or in [0.0, 1000000.0], not {value!r}"
+
+
 def _model_path(value: str) -> str | None:
     # Checked here (cheaply, before the model loads) so a typo fails in a second; the engine
     # checks the directory's contents when it loads.
@@ -118,10 +129,10 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
                   "per eviction", in_range(0.0, 1.0)),
-    ParameterSpec("recall_store_mb", "double", 64.0, "recall: host memory (MB, per camera) for frames the policy "
-                  "evicted, oldest leaving first; each question gets the recall_frames that best match it back "
-                  "for its answer; 0 = off; does nothing under cache_policy full, which evicts nothing",
-                  in_range(0.0, 1_000_000.0)),
+    ParameterSpec("recall_store_mb", "double", RECALL_AUTO, "recall: host memory (MB, per camera) for frames "
+                  "the policy evicted, oldest leaving first; each question gets the recall_frames that best match "
+                  f"it back for its answer; 0 = off; {RECALL_AUTO:g} = auto: {DEFAULT_RECALL_STORE_MB:g} MB under a "
+                  "bounded policy, off under cache_policy full (which evicts nothing)", _recall_store_mb),
     ParameterSpec("recall_frames", "integer", 4, "recall: stored frames put back for each answer",
                   in_range(0, 1024)),
     ParameterSpec("prune_similarity", "double", 0.0, "temporal pruning: a frame's visual tokens at least this "
@@ -191,6 +202,9 @@ def check_all(values: Mapping[str, Any]) -> dict[str, Any]:
     overlap = set(checked["image_topics"]) & set(checked["compressed_image_topics"])
     if overlap:
         raise ParameterError(f"{sorted(overlap)} listed as both a raw and a compressed image topic")
+    if checked["recall_store_mb"] > 0 and checked["cache_policy"] == "full":
+        raise ParameterError(f"recall_store_mb: recall brings back evicted frames and cache_policy full evicts none; "
+                             f"set it to 0.0 or {RECALL_AUTO:g} (auto), or choose a bounded cache_policy")
     return checked
 
 
