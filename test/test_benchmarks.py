@@ -74,6 +74,24 @@ def test_recall_quick_sets_infmllm_with_recall_beside_the_policies(tmp_path, cap
     assert "| policy | share | ttft_p50_ms | store_mb |" in capsys.readouterr().out
 
 
+def test_saddle_cells_carry_their_settings_to_the_policy():
+    from infmllm_ros.benchmarks.measure import make_session
+    from infmllm_ros.benchmarks.quality import cell_settings, saddle_cell
+    assert cell_settings(saddle_cell(0.05, 3)) == ("infmllm", {"attention_bias": 0.05, "saddle_pool": 3})
+    assert cell_settings("h2o") == ("h2o", {}) and cell_settings("infmllm+recall")[0] == "infmllm"
+    policy = make_session(None, "infmllm", 256, 64, **cell_settings(saddle_cell(0.1, 1))[1]).policy
+    assert (policy.attention_bias, policy.pool) == (0.1, 1)
+
+
+def test_saddles_quick_sweeps_infmllm_settings(tmp_path, capsys):
+    rows = run_quick("saddles", tmp_path)["rows"]
+    assert [(row["policy"], row["attention_bias"], row["saddle_pool"]) for row in rows] == [
+        ("full", 0.0, 1), ("infmllm bias=0.2 pool=1", 0.2, 1), ("infmllm bias=0 pool=5", 0.0, 5)]
+    for row in rows:
+        assert row["n_current"] > 0 and row["lo_current"] <= row["acc_current"] <= row["hi_current"]
+    assert "| infmllm bias=0.2 pool=1 |" in capsys.readouterr().out
+
+
 def test_pruning_quick_trades_tokens_per_frame_against_accuracy(tmp_path, capsys):
     rows = run_quick("pruning", tmp_path)["rows"]
     assert [(row["prune_unit"], row["prune_similarity"]) for row in rows] == [("off", 0.0), ("token", 0.99),

@@ -1,7 +1,7 @@
 """`infmllm-bench`: measure every cache policy side by side, in one run on one machine.
 
 Suites (each prints a markdown table and writes bench/results/<suite>[_quick].json and .png):
-scale, quality, recall, pruning, overhead, text, node, realsize, quant; `all` runs scale, quality, overhead,
+scale, quality, recall, saddles, pruning, overhead, text, node, realsize, quant; `all` runs scale, quality, overhead,
 text, node and realsize, in that order, with one progress bar. `--quick` is the small size CI
 smoke-tests; without it, `all` takes about an hour and a half on a 2-core CPU.
 """
@@ -23,7 +23,8 @@ from infmllm_ros.synthetic import FAMILIES
 from .node_e2e import run_node_e2e
 from .overhead import run_overhead
 from .pruning import OFF, VARIANTS as PRUNE_VARIANTS, plot_lines, run_pruning
-from .quality import BOUNDED, BUDGET_SHARES, RECALL_FRAMES, RECALL_SHARES, RECALL_STORE_MB, run_quality
+from .quality import (BOUNDED, BUDGET_SHARES, RECALL_FRAMES, RECALL_SHARES, RECALL_STORE_MB, cell_settings,
+                      run_quality, saddle_cell)
 from .quant import run_quant
 from .realsize import FULL_SIZE, QUICK_SIZE, realsize_plot, run_realsize
 from .report import RESULTS_DIR, accuracy_plot, bar_plot, line_plot, markdown_table, tradeoff_plot, write_json
@@ -31,7 +32,7 @@ from .scale import METRICS, POLICIES, ratios, run_scale
 from .text_stream import VARIANTS, run_text
 from .two_cameras import JPEG_HZ, RAW_HZ, run_two_cameras
 
-SUITES = ("scale", "quality", "recall", "pruning", "overhead", "text", "node", "realsize", "quant")
+SUITES = ("scale", "quality", "recall", "saddles", "pruning", "overhead", "text", "node", "realsize", "quant")
 ALL = ("scale", "quality", "overhead", "text", "node", "realsize")
 
 
@@ -96,6 +97,35 @@ def recall_suite(suite: Suite, model_path: str, args) -> None:
                 "token, store size, and the distant questions whose recalled frames include one of the evidence's",
                 rows, ["policy", "share", "ttft_p50_ms", "store_mb", "recall_found_distant"])
     suite.plot(accuracy_plot(suite.file, rows, FAMILIES, suite.out))
+
+
+#: the saddles suite's grid: the decay that trades old saddles for new context (the method's "attention
+#: bias"), with each key scored alone and with the local sum over 5 neighbours
+SADDLE_BIASES, SADDLE_POOLS, SADDLE_SHARES = (0.0, 0.05, 0.1, 0.2), (1, 5), (0.05, 0.10)
+
+
+def saddles_suite(suite: Suite, model_path: str, args) -> None:
+    """InfMLLM's two selection settings swept beside H2O at budgets where most of the stream is
+    evicted: how much of the long / distant trade each buys."""
+    if suite.quick:
+        episodes, duration, shares = 1, 60.0, (0.25,)
+        cells = [saddle_cell(0.2, 1), saddle_cell(0.0, 5)]
+    else:
+        episodes, duration, shares = args.episodes, 600.0, SADDLE_SHARES
+        cells = ["h2o", *(saddle_cell(bias, pool) for pool in SADDLE_POOLS for bias in SADDLE_BIASES)]
+    rows = run_quality(model_path, episodes, duration, shares, policies=cells, spacing_s=args.spacing,
+                       workers=args.workers)
+    for row in rows:
+        settings = cell_settings(row["policy"])[1]
+        row["attention_bias"] = settings.get("attention_bias", 0.0)   # h2o and full forget nothing
+        row["saddle_pool"] = settings.get("saddle_pool", 1)
+    quality_tables(suite, rows, episodes, duration, args)
+    lines = {}
+    for row in rows:   # one line per pool and budget, h2o and full as points at bias 0
+        name = row["policy"].split()[0] + (f", pool {row['saddle_pool']}" if row["policy"].startswith("infmllm ")
+                                           else "")
+        lines.setdefault(f"{name}, {row['share']}" if name != "full" else name, []).append(row)
+    suite.plot(tradeoff_plot(suite.file, lines, FAMILIES, "attention_bias", "attention_bias", suite.out))
 
 
 #: the node's default for the embedded model: infmllm, 1,024 tokens (16 frames), recent 256
@@ -214,7 +244,8 @@ def quant_suite(suite: Suite, model_path: str, args) -> None:
     suite.plot(bar_plot(suite.file, measured, "mode", ["model_mb", "decode_ms", "acc_current"], suite.out))
 
 
-RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "pruning": pruning_suite,
+RUNNERS = {"scale": scale_suite, "quality": quality_suite, "recall": recall_suite, "saddles": saddles_suite,
+           "pruning": pruning_suite,
            "overhead": overhead_suite, "text": text_suite, "node": node_suite, "realsize": realsize_suite,
            "quant": quant_suite}
 

@@ -25,6 +25,22 @@ BOUNDED = ("streaming", "h2o", "infmllm")
 RECALL_STORE_MB, RECALL_FRAMES = 256.0, 4
 RECALL_SHARES = (0.05, 0.10)   # where recall is meant to help: most of the stream evicted
 VARIANTS = {"infmllm+recall": ("infmllm", {"recall_store_mb": RECALL_STORE_MB, "recall_frames": RECALL_FRAMES})}
+
+
+def saddle_cell(attention_bias: float, pool: int) -> str:
+    """The cell name of infmllm with these saddle settings (the saddles suite's cells)."""
+    return f"infmllm bias={attention_bias:g} pool={pool}"
+
+
+def cell_settings(name: str) -> tuple[str, dict]:
+    """(policy, session settings) of a cell name: a policy, a VARIANTS entry or a saddle_cell. Names,
+    not objects, travel to the spawned scoring processes, so the settings must be read back from them."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    if name.startswith("infmllm bias="):
+        bias, pool = (part.split("=")[1] for part in name.split()[1:])
+        return "infmllm", {"attention_bias": float(bias), "saddle_pool": int(pool)}
+    return name, {}
 FIRST_SEED = 1_000   # held out: training used seeds from 90,000 up
 RECENT_SHARE = 0.25  # of each budget, the newest tokens always kept (infmllm, h2o)
 
@@ -107,7 +123,7 @@ def _score_episode(job) -> tuple[int, dict]:
                          spacing_s)
     for (policy, share), budget in budgets.items():
         cells[(policy, share)] = EvalResult()
-        base, settings = VARIANTS.get(policy, (policy, {}))
+        base, settings = cell_settings(policy)
         session = make_session(model_path, base, budget, max(int(RECENT_SHARE * budget), 1), **settings)
         evaluate_episode(session, seed, duration_s, cells[(policy, share)], rendered, spacing_s)
         if session.cache.store is not None:

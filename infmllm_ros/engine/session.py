@@ -59,6 +59,7 @@ class SessionConfig:
     # the two below default to the policy's own defaults (one place: policies/infmllm.py)
     sink_tokens: int = AttentionSaddles.sink               # first tokens always kept (streaming, infmllm)
     attention_bias: float = AttentionSaddles.attention_bias  # infmllm: saddle evidence forgotten per eviction
+    saddle_pool: int = AttentionSaddles.pool                 # infmllm: neighbouring keys in a saddle's local sum
     max_new_tokens: int = 16
     # Recall: evicted frames kept whole in host memory (MB; 0 = off; RECALL_AUTO: on unless `full`)
     # and put back, the `recall_frames` that best match a question, for that answer only
@@ -106,7 +107,7 @@ class SessionConfig:
     def make_policy(self) -> CachePolicy:
         """The policy these settings name, given those of the settings it has."""
         offered = dict(budget=self.cache_budget, chunk=self.eviction_chunk, recent=self.recent_window,
-                       sink=self.sink_tokens, attention_bias=self.attention_bias)
+                       sink=self.sink_tokens, attention_bias=self.attention_bias, pool=self.saddle_pool)
         return make_policy(self.cache_policy, **policy_settings(self.cache_policy, offered))
 
 

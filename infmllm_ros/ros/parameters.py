@@ -26,7 +26,7 @@ QUANTIZATION = ("none", "nf4", "int8", "cpu-int8", "auto")
 NOT_YET_SUPPORTED_QUANTIZATION = ("8bit", "int4", "4bit", "fp8", "awq", "gptq")
 # Parameters copied one to one into the engine's SessionConfig.
 SESSION_FIELDS = ("model_path", "device", "dtype", "quantization", "cache_policy", "cache_budget", "recent_window",
-                  "eviction_chunk", "sink_tokens", "attention_bias", "max_new_tokens", "recall_store_mb",
+                  "eviction_chunk", "sink_tokens", "attention_bias", "saddle_pool", "max_new_tokens", "recall_store_mb",
                   "recall_frames", "prune_similarity", "prune_unit")
 
 Validator = Callable[[Any], "str | None"]  # an error message, or None when the value is fine
@@ -65,6 +65,10 @@ def in_range(low: float, high: float, low_open: bool = False) -> Validator:
 #: recall_store_mb's auto value and what it means under a bounded policy: the engine's RECALL_AUTO and
 #: DEFAULT_RECALL_STORE_MB, repeated so that reading parameters needs no torch (a test holds them equal)
 RECALL_AUTO, DEFAULT_RECALL_STORE_MB = -1.0, 64.0
+
+
+def _odd_pool(value: int) -> str | None:
+    return None if 1 <= value <= 1023 and value % 2 == 1 else f"must be an odd number in [1, 1023], not {value!r}"
 
 
 def _recall_store_mb(value: float) -> str | None:
@@ -129,6 +133,8 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
                   "per eviction", in_range(0.0, 1.0)),
+    ParameterSpec("saddle_pool", "integer", 5, "infmllm: keys (odd) whose attention is summed into each key's "
+                  "saddle score, so a cluster survives together; 1 = each key on its own", _odd_pool),
     ParameterSpec("recall_store_mb", "double", RECALL_AUTO, "recall: host memory (MB, per camera) for frames "
                   "the policy evicted, oldest leaving first; each question gets the recall_frames that best match "
                   f"it back for its answer; 0 = off; {RECALL_AUTO:g} = auto: {DEFAULT_RECALL_STORE_MB:g} MB under a "
