@@ -8,8 +8,6 @@ real checkpoints' image limits (Qwen2-VL-2B-Instruct's pixel range, SmolVLM-256M
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 

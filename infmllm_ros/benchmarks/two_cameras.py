@@ -49,7 +49,6 @@ def rss_mb(pid: int) -> float:
 def publish(duration_s: float) -> int:
     """The publisher process: both cameras and a question every QUERY_EVERY_S, for `duration_s`."""
     import cv2
-    import numpy as np
     import rclpy
     from builtin_interfaces.msg import Time
     from rclpy.qos import QoSProfile, QoSReliabilityPolicy, qos_profile_sensor_data

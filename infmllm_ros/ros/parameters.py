@@ -133,7 +133,7 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   in_range(0, 1_000_000)),
     ParameterSpec("attention_bias", "double", 0.2, "infmllm: share of attention-saddle evidence forgotten "
                   "per eviction", in_range(0.0, 1.0)),
-    ParameterSpec("saddle_pool", "integer", 5, "infmllm: keys (odd) whose attention is summed into each key's "
+    ParameterSpec("saddle_pool", "integer", 1, "infmllm: keys (odd) whose attention is summed into each key's "
                   "saddle score, so a cluster survives together; 1 = each key on its own", _odd_pool),
     ParameterSpec("recall_store_mb", "double", RECALL_AUTO, "recall: host memory (MB, per camera) for frames "
                   "the policy evicted, oldest leaving first; each question gets the recall_frames that best match "

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from infmllm_ros.engine.session import Answer
 
 from .camera_sessions import CameraSessions, UnknownCamera
-from .mailbox import FRAME, QUERY, RESET, Frame, RequestQueue, ResetRequest
+from .mailbox import FRAME, QUERY, Frame, RequestQueue, ResetRequest
 from .queries import Query, echo
 from .slow_work import WorkClock, describe
 from .stats import NodeStats
